@@ -1,0 +1,52 @@
+"""CIFAR-10, the mixed-precision tutorial's CNN; auto strategy and precision.
+
+python launch.py --config=configs/cifar.py --workdir=runs/cifar
+"""
+
+import ml_collections
+
+TRAIN_EXAMPLES = 50_000
+
+
+def get_config():
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.precision = "auto"  # float32 | mixed_float16 | mixed_bfloat16 | auto
+
+    c.task = ml_collections.ConfigDict(dict(name="cifar10"))
+    c.model = ml_collections.ConfigDict(dict(
+        name="seed_cnn",           # seed_cnn | resnet
+        width=16, blocks_per_stage=3, weight_decay=1e-4))  # resnet only
+
+    c.data = ml_collections.ConfigDict(dict(
+        source="auto",             # auto | cifar10 | synthetic
+        data_dir="",               # folder with cifar-10-batches-py/ or cifar-10-python.tar.gz
+        global_batch_size=512,
+        augment=True,
+        synthetic_train_size=50_000, synthetic_test_size=10_000))
+
+    c.optimizer = ml_collections.ConfigDict(dict(
+        name="adam",               # adam | adamw | sgd
+        learning_rate=1e-3,
+        schedule="constant",       # constant | cosine (linear warmup, then cosine to 0)
+        warmup_steps=0,
+        clip_norm=0.0,             # > 0: clip by the global norm of the reduced gradients
+        weight_decay=1e-4,         # adamw only
+        momentum=0.9, nesterov=True))  # sgd only
+
+    c.loss_scale = ml_collections.ConfigDict(dict(
+        dynamic=True, initial_scale=2.0**15, growth_steps=2000))  # mixed_float16 only
+
+    c.distribution = ml_collections.ConfigDict(dict(
+        strategy="auto",           # auto | default | one_device | mirrored | multi_worker | tpu
+        tpu=""))                   # TPU name or grpc:// address
+
+    c.trainer = ml_collections.ConfigDict(dict(
+        train_steps=10 * TRAIN_EXAMPLES // 512,  # about 10 epochs
+        steps_per_loop=50,
+        eval_every=500,
+        checkpoint_every=500,
+        max_to_keep=3,
+        log_every=50,
+        jit_compile=False))        # XLA on CPU measured 3x slower
+    return c

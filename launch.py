@@ -1,0 +1,48 @@
+"""Entry point: python launch.py --config=configs/cifar.py --workdir=runs/cifar
+
+Builds the strategy, sets the precision policy, builds the task and hands
+both to the Trainer. Any config field can be overridden, e.g.
+--config.trainer.train_steps=200 --config.precision=mixed_bfloat16.
+"""
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+import tasks
+from trainer import Trainer
+from trainer.distribute import build_strategy
+from trainer.precision import set_policy
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Config file (a get_config() module).",
+                                lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, summaries and config.json.")
+flags.DEFINE_enum("mode", "train_and_eval", ["train", "eval", "train_and_eval"],
+                  "train: train only; eval: evaluate the latest checkpoint; "
+                  "train_and_eval: train, evaluating every trainer.eval_every steps.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    import keras  # after flag parsing: keeps --help fast
+    config = FLAGS.config
+    keras.utils.set_random_seed(config.seed)
+    strategy = build_strategy(config.distribution)
+    set_policy(config.precision, strategy)
+    task = tasks.get_task(config)
+    trainer = Trainer(config, task, strategy, FLAGS.workdir)
+    if FLAGS.mode == "eval":
+        if not trainer.restore():
+            raise FileNotFoundError(
+                f"--mode=eval: no checkpoint in {FLAGS.workdir}/checkpoints. Train first "
+                "(--mode=train_and_eval) or point --workdir at a trained run.")
+        trainer.evaluate()
+    else:
+        trainer.train(evaluate=FLAGS.mode == "train_and_eval")
+    logging.flush()
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,25 @@
+"""Task registry: `config.task.name` -> Task class."""
+
+_REGISTRY = {}
+
+
+def register(name):
+    """Class decorator adding a Task under `name`."""
+    def add(cls):
+        if name in _REGISTRY:
+            raise ValueError(f"Task {name!r} is registered twice.")
+        _REGISTRY[name] = cls
+        return cls
+    return add
+
+
+def get_task(config):
+    """Builds the task named by `config.task.name`."""
+    name = config.task.name
+    if name not in _REGISTRY:
+        raise ValueError(f"Unknown task {name!r} (config.task.name). Known tasks: "
+                         f"{', '.join(sorted(_REGISTRY))}.")
+    return _REGISTRY[name](config)
+
+
+from tasks import cifar10  # noqa: E402,F401  (registers its task)

@@ -1,0 +1,45 @@
+"""The Task interface: everything model-specific the Trainer needs."""
+
+import abc
+
+
+class Task(abc.ABC):
+    """A model, its data and its loss. Subclass it and `@register` it.
+
+    The Trainer calls these under `strategy.scope()` (build_model,
+    build_metrics) and per input pipeline (build_inputs); it never looks
+    inside `features`, `labels` or `outputs`.
+    """
+
+    def __init__(self, config):
+        self.config = config
+
+    @abc.abstractmethod
+    def build_model(self):
+        """Returns a built `keras.Model`, outputs cast to float32 where they feed a loss."""
+
+    @abc.abstractmethod
+    def build_inputs(self, split, input_context):
+        """Returns a `tf.data.Dataset` of per-replica batches `(features, labels)`.
+
+        `split` is "train" (repeated forever, fixed batch size) or "eval"
+        (one pass, every example exactly once, last batch may be smaller).
+        Shard by `input_context.input_pipeline_id` and batch with
+        `input_context.get_per_replica_batch_size(global_batch_size)`.
+        """
+
+    @abc.abstractmethod
+    def compute_loss(self, labels, outputs):
+        """Returns the per-example loss, shape [batch], float32."""
+
+    @abc.abstractmethod
+    def build_metrics(self):
+        """Returns a list of `keras.metrics.Metric` (a `loss` mean is added by the Trainer)."""
+
+    @abc.abstractmethod
+    def update_metrics(self, metrics, labels, outputs):
+        """Updates `metrics` (as built by `build_metrics`) with one batch."""
+
+    def describe_data(self):
+        """One line saying where the data came from, for logs and the final summary."""
+        return "unknown"

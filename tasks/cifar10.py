@@ -1,0 +1,122 @@
+"""CIFAR-10 image classification: the mixed-precision tutorial's CNN and a small ResNet."""
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from tasks import base, cifar10_data, register
+
+MEAN = (0.4914 * 255, 0.4822 * 255, 0.4465 * 255)
+STD = (0.2470 * 255, 0.2435 * 255, 0.2616 * 255)
+
+
+def seed_cnn(num_classes=10):
+    """Exactly the CNN of the TensorFlow mixed-precision tutorial."""
+    return keras.Sequential([
+        keras.Input((32, 32, 3)),
+        keras.layers.Conv2D(64, 3, activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(),
+        keras.layers.Dense(128, activation="relu"),
+        keras.layers.Dense(num_classes, dtype="float32"),  # float32 logits feed the loss
+    ], name="seed_cnn")
+
+
+def resnet(num_classes=10, width=16, blocks_per_stage=3, weight_decay=1e-4):
+    """ResNet-20 style (He et al. 2016, CIFAR variant): 3 stages of basic blocks,
+    widths width*(1, 2, 4). ~91% on CIFAR-10 with SGD+momentum, cosine LR, 180 epochs."""
+    reg = keras.regularizers.L2(weight_decay / 2)  # gradient of wd/2*|w|^2 is wd*w
+
+    def conv(filters, strides=1, kernel=3):
+        return keras.layers.Conv2D(filters, kernel, strides, padding="same", use_bias=False,
+                                   kernel_initializer="he_normal", kernel_regularizer=reg)
+
+    def block(x, filters, strides):
+        shortcut = x
+        y = conv(filters, strides)(x)
+        y = keras.layers.ReLU()(keras.layers.BatchNormalization()(y))
+        y = keras.layers.BatchNormalization()(conv(filters)(y))
+        if strides != 1 or shortcut.shape[-1] != filters:
+            shortcut = keras.layers.BatchNormalization()(conv(filters, strides, 1)(shortcut))
+        return keras.layers.ReLU()(keras.layers.Add()([y, shortcut]))
+
+    inputs = keras.Input((32, 32, 3))
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(conv(width)(inputs)))
+    for stage in range(3):
+        for i in range(blocks_per_stage):
+            x = block(x, width * 2**stage, 2 if (stage and i == 0) else 1)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    outputs = keras.layers.Dense(num_classes, dtype="float32", kernel_regularizer=reg)(x)
+    return keras.Model(inputs, outputs, name="resnet")
+
+
+MODELS = {"seed_cnn": seed_cnn, "resnet": resnet}
+
+
+def preprocess(image, label, augment):
+    """uint8 HWC -> normalized float32; train augmentation: pad-4 random crop, flip."""
+    image = tf.cast(image, tf.float32)
+    if augment:
+        image = tf.image.pad_to_bounding_box(image, 4, 4, 40, 40)
+        image = tf.image.random_crop(image, (32, 32, 3))
+        image = tf.image.random_flip_left_right(image)
+    return (image - MEAN) / STD, label
+
+
+@register("cifar10")
+class Cifar10Task(base.Task):
+    """Classifies 32x32 images into 10 classes."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        if config.model.name not in MODELS:
+            raise ValueError(f"config.model.name={config.model.name!r} is unknown for task "
+                             f"cifar10; choose one of {sorted(MODELS)}.")
+        self._data = None
+
+    @property
+    def data(self):
+        """The decoded arrays, loaded once per process."""
+        if self._data is None:
+            self._data = cifar10_data.load(self.config.data)
+            logging.info("Data: %s (%d train, %d test images).", self._data.source,
+                         len(self._data.train_labels), len(self._data.test_labels))
+        return self._data
+
+    def describe_data(self):
+        return self.data.source
+
+    def build_model(self):
+        m = self.config.model
+        if m.name == "resnet":
+            return resnet(width=m.width, blocks_per_stage=m.blocks_per_stage,
+                          weight_decay=m.weight_decay)
+        return seed_cnn()
+
+    def build_inputs(self, split, input_context):
+        training = split == "train"
+        images, labels = ((self.data.train_images, self.data.train_labels) if training
+                          else (self.data.test_images, self.data.test_labels))
+        batch_size = input_context.get_per_replica_batch_size(
+            self.config.data.global_batch_size)
+        ds = tf.data.Dataset.from_tensor_slices((images, labels))
+        if input_context.num_input_pipelines > 1:
+            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        if training:
+            seed = self.config.seed + input_context.input_pipeline_id
+            ds = ds.shuffle(len(labels), seed=seed).repeat()
+        augment = training and self.config.data.augment
+        ds = ds.map(lambda x, y: preprocess(x, y, augment),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
+        ds = ds.batch(batch_size, drop_remainder=training)
+        return ds.prefetch(tf.data.AUTOTUNE)
+
+    def compute_loss(self, labels, outputs):
+        return keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
+
+    def build_metrics(self):
+        return [keras.metrics.SparseCategoricalAccuracy("accuracy")]
+
+    def update_metrics(self, metrics, labels, outputs):
+        for metric in metrics:
+            metric.update_state(labels, outputs)

@@ -1,0 +1,174 @@
+"""CIFAR-10 from disk in its real formats, or a synthetic stand-in offline.
+
+Reads the standard `cifar-10-batches-py` folder (pickled `data_batch_1..5`
+and `test_batch`, any number of images per file) or the
+`cifar-10-python.tar.gz` archive that contains it.
+"""
+
+import dataclasses
+import os
+import pickle
+import tarfile
+
+import keras
+import numpy as np
+from absl import logging
+
+URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+SHA256 = "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce"
+FOLDER = "cifar-10-batches-py"
+TARBALL = "cifar-10-python.tar.gz"
+TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+TEST_FILE = "test_batch"
+KERAS_CACHE = os.path.join(os.path.expanduser("~"), ".keras", "datasets")
+# Where keras.datasets.cifar10.load_data() leaves the extracted folder.
+KERAS_EXTRACTED = os.path.join(KERAS_CACHE, "cifar-10-batches-py-target")
+SOURCES = ("auto", "cifar10", "synthetic")
+
+
+@dataclasses.dataclass
+class Cifar10:
+    train_images: np.ndarray  # uint8 [N, 32, 32, 3]
+    train_labels: np.ndarray  # int32 [N]
+    test_images: np.ndarray
+    test_labels: np.ndarray
+    source: str               # where the data came from, for logs and summaries
+    synthetic: bool = False
+
+
+def parse_batch(blob, name):
+    """Decodes one pickled CIFAR batch; `name` is used in errors."""
+    try:
+        batch = pickle.loads(blob, encoding="bytes")
+        data = np.asarray(batch[b"data"], dtype=np.uint8)
+        labels = np.asarray(batch[b"labels"], dtype=np.int32)
+    except Exception as e:  # pickle raises many types on truncated/corrupt input
+        raise ValueError(
+            f"{name} is not a readable CIFAR-10 batch file ({type(e).__name__}: {e}). "
+            "It is truncated or corrupt: delete it and download the dataset again "
+            f"from {URL}.") from e
+    if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
+        raise ValueError(
+            f"{name}: expected 'data' of shape [N, 3072] and N labels, got data "
+            f"{data.shape} and {len(labels)} labels. Download the dataset again from {URL}.")
+    if labels.size and (labels.min() < 0 or labels.max() > 9):
+        raise ValueError(f"{name}: labels outside 0..9.")
+    images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # CHW rows -> NHWC
+    return np.ascontiguousarray(images), labels
+
+
+def _read_files(read, describe):
+    """Reads train and test batches with `read(filename) -> bytes`."""
+    train = [parse_batch(read(f), describe(f)) for f in TRAIN_FILES]
+    test_images, test_labels = parse_batch(read(TEST_FILE), describe(TEST_FILE))
+    return (np.concatenate([t[0] for t in train]), np.concatenate([t[1] for t in train]),
+            test_images, test_labels)
+
+
+def read_folder(folder):
+    def read(name):
+        with open(os.path.join(folder, name), "rb") as f:
+            return f.read()
+    arrays = _read_files(read, lambda name: os.path.join(folder, name))
+    return Cifar10(*arrays, source=f"CIFAR-10 folder {folder}")
+
+
+def read_tarball(path):
+    try:
+        archive = tarfile.open(path, "r:gz")
+        members = {os.path.basename(m.name): m for m in archive.getmembers() if m.isfile()}
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise ValueError(f"{path} is not a readable {TARBALL} ({e}): it is truncated or "
+                         f"corrupt. Delete it and download it again from {URL}.") from e
+
+    def read(name):
+        if name not in members:
+            raise ValueError(f"{path} has no {FOLDER}/{name}: not a CIFAR-10 archive.")
+        try:
+            return archive.extractfile(members[name]).read()
+        except (tarfile.TarError, EOFError, OSError) as e:
+            raise ValueError(f"{path}: cannot read {name} ({e}): the archive is truncated "
+                             f"or corrupt. Download it again from {URL}.") from e
+
+    with archive:
+        arrays = _read_files(read, lambda name: f"{path}:{FOLDER}/{name}")
+    return Cifar10(*arrays, source=f"CIFAR-10 archive {path}")
+
+
+def candidate_paths(data_dir):
+    """Folders and archives searched, in order."""
+    dirs = [data_dir] if data_dir else []
+    dirs += [KERAS_EXTRACTED, KERAS_CACHE]
+    paths = []
+    for d in dirs:
+        paths += [os.path.join(d, FOLDER), d, os.path.join(d, TARBALL)]
+    return paths
+
+
+def _is_cifar_folder(path):
+    return os.path.isdir(path) and all(
+        os.path.exists(os.path.join(path, f)) for f in TRAIN_FILES + (TEST_FILE,))
+
+
+def find_on_disk(data_dir):
+    """Returns the loaded dataset, or None; raises if a found file is corrupt."""
+    for path in candidate_paths(data_dir):
+        if _is_cifar_folder(path):
+            return read_folder(path)
+        if os.path.isfile(path) and path.endswith(TARBALL):
+            return read_tarball(path)
+    return None
+
+
+def download():
+    """The Keras download into its cache; None where that fails (offline)."""
+    try:
+        root = keras.utils.get_file(fname=os.path.basename(KERAS_EXTRACTED), origin=URL,
+                                    extract=True, file_hash=SHA256)
+    except Exception as e:  # URLError, HTTPError, hash mismatch...
+        logging.warning("Could not download CIFAR-10 from %s: %s", URL, e)
+        return None
+    return find_on_disk(os.path.dirname(root))
+
+
+def synthetic(num_train=50000, num_test=10000, seed=0):
+    """A learnable CIFAR-shaped dataset: each class is a fixed coarse colour pattern
+    (4x4 cells of 8x8 pixels, so crops and flips keep it recognisable) plus noise."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.uniform(0, 255, size=(10, 4, 4, 3)).astype(np.float32)
+    templates = coarse.repeat(8, axis=1).repeat(8, axis=2)
+
+    def make(n):
+        labels = rng.integers(0, 10, size=n).astype(np.int32)
+        noise = rng.standard_normal(size=(n, 32, 32, 3), dtype=np.float32) * 50
+        images = np.clip(templates[labels] + noise, 0, 255).astype(np.uint8)
+        return images, labels
+
+    train, test = make(num_train), make(num_test)
+    return Cifar10(*train, *test, source="SYNTHETIC CIFAR-shaped data (not CIFAR-10)",
+                   synthetic=True)
+
+
+def load(config):
+    """`config` is `config.data`: `source` in SOURCES, `data_dir`."""
+    if config.source not in SOURCES:
+        raise ValueError(f"config.data.source={config.source!r} is unknown; "
+                         f"choose one of {SOURCES}.")
+    if config.source == "synthetic":
+        return synthetic(config.synthetic_train_size, config.synthetic_test_size)
+    found = find_on_disk(config.data_dir) or download()
+    if found is not None:
+        return found
+    tried = "\n  ".join(candidate_paths(config.data_dir))
+    if config.source == "cifar10":
+        raise FileNotFoundError(
+            f"CIFAR-10 not found (data.source=cifar10). Tried:\n  {tried}\nand the download "
+            f"from {URL}. Download {TARBALL} from there and pass its folder with "
+            "--config.data.data_dir=DIR (the archive or its extracted "
+            f"{FOLDER} folder both work), or use --config.data.source=synthetic.")
+    logging.warning(
+        "CIFAR-10 not found (tried %s and the download); FALLING BACK TO SYNTHETIC DATA. "
+        "Accuracy numbers are not CIFAR-10 numbers. Set --config.data.data_dir to a "
+        "folder with %s to train on the real dataset.", ", ".join(candidate_paths(config.data_dir)),
+        TARBALL)
+    return synthetic(config.synthetic_train_size, config.synthetic_test_size)

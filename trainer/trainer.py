@@ -1,0 +1,282 @@
+"""The Trainer: compiled train/eval steps, loops, checkpoints and summaries."""
+
+import json
+import os
+import time
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from trainer.loss_scale import LossScale, all_finite
+from trainer.optimizers import build_optimizer
+
+
+def _as_float32(outputs):
+    """Losses and metrics are computed in float32 whatever the compute dtype."""
+    return tf.nest.map_structure(
+        lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
+
+
+def _step_variable(name):
+    """An int64 counter that every replica sees alike and only cross-replica code moves."""
+    return tf.Variable(0, dtype=tf.int64, name=name, trainable=False,
+                       synchronization=tf.VariableSynchronization.ON_WRITE,
+                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+
+def _format_duration(seconds):
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class Trainer:
+    """Trains and evaluates `task` under `strategy` as `config.trainer` says.
+
+    Build the strategy and set the Keras precision policy first (see
+    launch.py); the model, optimizer, loss scale and metrics are created here,
+    under `strategy.scope()`.
+    """
+
+    def __init__(self, config, task, strategy, workdir):
+        self.config = config
+        self.task = task
+        self.strategy = strategy
+        self.workdir = workdir
+        self.train_steps = int(config.trainer.train_steps)
+        self.global_batch_size = int(config.data.global_batch_size)
+        replicas = strategy.num_replicas_in_sync
+        if self.global_batch_size <= 0 or self.global_batch_size % replicas:
+            raise ValueError(
+                f"data.global_batch_size={self.global_batch_size} must be a positive "
+                f"multiple of the {replicas} replicas; set --config.data.global_batch_size "
+                f"to a multiple of {replicas}.")
+        if self.train_steps <= 0:
+            raise ValueError(f"trainer.train_steps must be > 0, got {self.train_steps}.")
+        self.clip_norm = config.optimizer.clip_norm
+        self.policy = keras.mixed_precision.global_policy().name
+
+        with strategy.scope():
+            self.model = task.build_model()
+            self.optimizer = build_optimizer(config.optimizer, self.train_steps)
+            # Slots are created lazily; build them now so a restore fills them.
+            self.optimizer.build(self.model.trainable_variables)
+            # The Trainer all-reduces gradients itself (once) before deciding
+            # finiteness and clipping; Keras' apply would all-reduce them a second
+            # time in replica context. This is the only private hook we touch.
+            self.optimizer._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
+            self.loss_scale = LossScale(
+                enabled=self.policy == "mixed_float16",
+                dynamic=config.loss_scale.dynamic,
+                initial_scale=config.loss_scale.initial_scale,
+                growth_steps=config.loss_scale.growth_steps)
+            self.step = _step_variable("global_step")
+            self.train_metrics = [keras.metrics.Mean("loss")] + task.build_metrics()
+            self.grad_norm = keras.metrics.Mean("grad_norm")
+            self.eval_metrics = ([keras.metrics.Mean("loss"), keras.metrics.Sum("num_examples")]
+                                 + task.build_metrics())
+
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                                              loss_scale=self.loss_scale, step=self.step)
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, os.path.join(workdir, "checkpoints"),
+            max_to_keep=config.trainer.max_to_keep, step_counter=self.step)
+        self._compute_gradients = tf.function(
+            self._forward_backward, jit_compile=bool(config.trainer.jit_compile))
+        self._train_loop = tf.function(self._train_loop_fn)
+        self._eval_loop = tf.function(self._eval_loop_fn)
+        self._writers = {}
+
+    # ----------------------------------------------------------------- steps
+
+    def _forward_backward(self, features, labels):
+        """Forward and backward pass on one replica's batch (XLA with jit_compile)."""
+        with tf.GradientTape() as tape:
+            outputs = _as_float32(self.model(features, training=True))
+            per_example_loss = self.task.compute_loss(labels, outputs)
+            # Average over the *global* batch: the all-reduce SUM makes it the mean.
+            loss = tf.nn.compute_average_loss(per_example_loss,
+                                              global_batch_size=self.global_batch_size)
+            if self.model.losses:
+                loss += tf.nn.scale_regularization_loss(
+                    tf.add_n([tf.cast(l, tf.float32) for l in self.model.losses]))
+            scaled_loss = self.loss_scale.get_scaled_loss(loss)
+        grads = tape.gradient(scaled_loss, self.model.trainable_variables)
+        return outputs, loss, grads
+
+    def train_step(self, features, labels):
+        """One training step on one replica (run under `strategy.run`)."""
+        outputs, loss, scaled_grads = self._compute_gradients(features, labels)
+        replica = tf.distribute.get_replica_context()
+        # The step's only gradient all-reduce. After it every replica holds the
+        # same gradients, so the finiteness decision below is the same everywhere.
+        scaled_grads = replica.all_reduce(tf.distribute.ReduceOp.SUM, scaled_grads)
+        grads = self.loss_scale.get_unscaled_gradients(scaled_grads)
+        finite = all_finite(grads)
+        grad_norm = tf.linalg.global_norm(grads)
+        if self.clip_norm:
+            grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=grad_norm)
+        replica.merge_call(self._apply_if_finite, args=(grads, finite))
+
+        self.train_metrics[0].update_state(loss * tf.cast(replica.num_replicas_in_sync, tf.float32))
+        self.task.update_metrics(self.train_metrics[1:], labels, outputs)
+        self.grad_norm.update_state(grad_norm, sample_weight=tf.cast(finite, tf.float32))
+
+    def _apply_if_finite(self, strategy, grads, finite):
+        """Cross-replica: apply the reduced gradients on every replica, or skip the step.
+
+        A `tf.cond` around `optimizer.apply` inside the replica function fails
+        (its sync points cannot sit in control flow), so the decision is
+        taken here and the apply is dispatched back to the replicas.
+        """
+        finite = tf.reduce_all(strategy.experimental_local_results(finite))
+
+        def apply():
+            strategy.extended.call_for_each_replica(
+                lambda g: self.optimizer.apply(g, self.model.trainable_variables),
+                args=(grads,))
+            return tf.constant(True)
+
+        tf.cond(finite, apply, lambda: tf.constant(False))
+        self.loss_scale.update(finite)
+        self.step.assign_add(1)
+
+    def _train_loop_fn(self, iterator, num_steps):
+        """`num_steps` train steps in one compiled call (a graph while-loop)."""
+        for _ in tf.range(num_steps):
+            features, labels = next(iterator)
+            self.strategy.run(self.train_step, args=(features, labels))
+
+    def eval_step(self, features, labels):
+        """Updates the eval metrics with one replica's batch (which may be empty)."""
+        outputs = _as_float32(self.model(features, training=False))
+        self.eval_metrics[0].update_state(self.task.compute_loss(labels, outputs))
+        self.eval_metrics[1].update_state(tf.cast(tf.shape(labels)[0], tf.float32))
+        self.task.update_metrics(self.eval_metrics[2:], labels, outputs)
+
+    def _eval_loop_fn(self, dataset):
+        for features, labels in dataset:
+            self.strategy.run(self.eval_step, args=(features, labels))
+
+    # ----------------------------------------------------------------- loops
+
+    def _dataset(self, split):
+        return self.strategy.distribute_datasets_from_function(
+            lambda ctx: self.task.build_inputs(split, ctx))
+
+    def restore(self):
+        """Restores the latest checkpoint of the workdir, if any; returns its step."""
+        latest = self.manager.latest_checkpoint
+        if latest:
+            self.checkpoint.restore(latest).assert_existing_objects_matched()
+            logging.info("Restored %s (step %d).", latest, int(self.step.numpy()))
+        return latest
+
+    def evaluate(self):
+        """One full pass over the eval split; returns {metric name: float}."""
+        for m in self.eval_metrics:
+            m.reset_state()
+        if not hasattr(self, "_eval_dataset"):
+            self._eval_dataset = self._dataset("eval")
+        self._eval_loop(self._eval_dataset)
+        results = {m.name: float(m.result()) for m in self.eval_metrics}
+        step = int(self.step.numpy())
+        logging.info("eval @ step %d: %s", step, _format_metrics(results))
+        self._write_scalars("eval", results)
+        return results
+
+    def train(self, evaluate=True):
+        """Trains to `trainer.train_steps` from wherever the workdir left off."""
+        tc = self.config.trainer
+        self.restore()
+        start_step = int(self.step.numpy())
+        self._write_start()
+        if start_step >= self.train_steps:
+            logging.info("Already trained to step %d >= train_steps=%d: nothing to train.",
+                         start_step, self.train_steps)
+        iterator = iter(self._dataset("train"))
+        boundaries = [tc.steps_per_loop, tc.log_every, tc.checkpoint_every]
+        if evaluate:
+            boundaries.append(tc.eval_every)
+        boundaries = [b for b in boundaries if b and b > 0]
+        step, eval_results, t_start = start_step, None, time.time()
+        t_log, step_log = time.time(), start_step
+        while step < self.train_steps:
+            # Run up to the next log/checkpoint/eval boundary in one compiled call.
+            num_steps = min([b - step % b for b in boundaries] + [self.train_steps - step])
+            self._train_loop(iterator, tf.constant(num_steps, tf.int64))
+            step = int(self.step.numpy())
+            done = step >= self.train_steps
+            if done or step % tc.log_every == 0:
+                elapsed = time.time() - t_log
+                self._log_train(step, step - step_log, elapsed)
+                t_log, step_log = time.time(), step
+            if done or step % tc.checkpoint_every == 0:
+                self.manager.save(checkpoint_number=step)
+            if evaluate and (done or (tc.eval_every and step % tc.eval_every == 0)):
+                eval_results = self.evaluate()
+        if evaluate and eval_results is None:
+            eval_results = self.evaluate()
+        self._flush()
+        self._log_final(start_step, time.time() - t_start, eval_results)
+        return eval_results
+
+    # --------------------------------------------------------------- reports
+
+    def _writer(self, name):
+        if name not in self._writers:
+            self._writers[name] = tf.summary.create_file_writer(os.path.join(self.workdir, name))
+        return self._writers[name]
+
+    def _write_scalars(self, writer, scalars):
+        with self._writer(writer).as_default(step=self.step.read_value()):
+            for name, value in scalars.items():
+                tf.summary.scalar(name, value)
+        self._writer(writer).flush()
+
+    def _flush(self):
+        for w in self._writers.values():
+            w.flush()
+
+    def _log_train(self, step, num_steps, elapsed):
+        metrics = {m.name: float(m.result()) for m in self.train_metrics}
+        steps_per_sec = num_steps / max(elapsed, 1e-9)
+        eta = (self.train_steps - step) / max(steps_per_sec, 1e-9)
+        scalars = dict(metrics,
+                       learning_rate=float(self.optimizer.learning_rate),
+                       loss_scale=float(self.loss_scale.scale.numpy()),
+                       grad_norm=float(self.grad_norm.result()),
+                       skipped_steps=float(self.loss_scale.skipped_steps.numpy()),
+                       steps_per_sec=steps_per_sec,
+                       examples_per_sec=steps_per_sec * self.global_batch_size)
+        self._write_scalars("train", scalars)
+        logging.info("step %d/%d: %s | %.0f ex/s, %.2f steps/s, ETA %s", step, self.train_steps,
+                     _format_metrics(metrics), scalars["examples_per_sec"], steps_per_sec,
+                     _format_duration(eta))
+        for m in self.train_metrics + [self.grad_norm]:
+            m.reset_state()
+
+    def _write_start(self):
+        os.makedirs(self.workdir, exist_ok=True)
+        with open(os.path.join(self.workdir, "config.json"), "w") as f:
+            f.write(self.config.to_json_best_effort(indent=2))
+        with self._writer("train").as_default(step=self.step.read_value()):
+            tf.summary.text("config", "```\n" + str(self.config) + "\n```")
+        logging.info("TensorBoard logs in %s; view with: tensorboard --logdir=%s",
+                     self.workdir, os.path.dirname(os.path.abspath(self.workdir)))
+
+    def _log_final(self, start_step, seconds, eval_results):
+        source = self.task.describe_data()
+        summary = {
+            "steps": int(self.step.numpy()), "steps_this_run": int(self.step.numpy()) - start_step,
+            "seconds": round(seconds, 1), "precision": self.policy,
+            "skipped_steps": int(self.loss_scale.skipped_steps.numpy()),
+            "data": source, "eval": eval_results,
+        }
+        logging.info("Done: %s", json.dumps(summary))
+        if "SYNTHETIC" in source:
+            logging.warning("This run used SYNTHETIC data, not the real dataset.")
+
+
+def _format_metrics(metrics):
+    return " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
