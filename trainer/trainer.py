@@ -83,8 +83,8 @@ class Trainer:
             max_to_keep=config.trainer.max_to_keep, step_counter=self.step)
         self._compute_gradients = tf.function(
             self._forward_backward, jit_compile=bool(config.trainer.jit_compile))
-        self._train_loop = tf.function(self._train_loop_fn)
-        self._eval_loop = tf.function(self._eval_loop_fn)
+        self.train_loop = tf.function(self._train_loop_fn)
+        self.eval_loop = tf.function(self._eval_loop_fn)
         self._writers = {}
 
     # ----------------------------------------------------------------- steps
@@ -160,7 +160,7 @@ class Trainer:
 
     # ----------------------------------------------------------------- loops
 
-    def _dataset(self, split):
+    def distributed_dataset(self, split):
         return self.strategy.distribute_datasets_from_function(
             lambda ctx: self.task.build_inputs(split, ctx))
 
@@ -177,8 +177,8 @@ class Trainer:
         for m in self.eval_metrics:
             m.reset_state()
         if not hasattr(self, "_eval_dataset"):
-            self._eval_dataset = self._dataset("eval")
-        self._eval_loop(self._eval_dataset)
+            self._eval_dataset = self.distributed_dataset("eval")
+        self.eval_loop(self._eval_dataset)
         results = {m.name: float(m.result()) for m in self.eval_metrics}
         step = int(self.step.numpy())
         logging.info("eval @ step %d: %s", step, _format_metrics(results))
@@ -194,7 +194,7 @@ class Trainer:
         if start_step >= self.train_steps:
             logging.info("Already trained to step %d >= train_steps=%d: nothing to train.",
                          start_step, self.train_steps)
-        iterator = iter(self._dataset("train"))
+        iterator = iter(self.distributed_dataset("train"))
         boundaries = [tc.steps_per_loop, tc.log_every, tc.checkpoint_every]
         if evaluate:
             boundaries.append(tc.eval_every)
@@ -204,7 +204,7 @@ class Trainer:
         while step < self.train_steps:
             # Run up to the next log/checkpoint/eval boundary in one compiled call.
             num_steps = min([b - step % b for b in boundaries] + [self.train_steps - step])
-            self._train_loop(iterator, tf.constant(num_steps, tf.int64))
+            self.train_loop(iterator, tf.constant(num_steps, tf.int64))
             step = int(self.step.numpy())
             done = step >= self.train_steps
             if done or step % tc.log_every == 0:

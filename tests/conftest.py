@@ -1,0 +1,47 @@
+"""Two logical CPU devices (for MirroredStrategy tests) and small configs."""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import keras  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+_cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    _cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+from configs import cifar  # noqa: E402
+
+
+def two_replicas():
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+def tiny_config(**overrides):
+    """configs/cifar.py shrunk to seconds: synthetic data, small batches, few steps."""
+    c = cifar.get_config()
+    c.data.source = "synthetic"
+    c.data.synthetic_train_size = 1024
+    c.data.synthetic_test_size = 200
+    c.data.global_batch_size = 32
+    c.precision = "float32"
+    c.distribution.strategy = "default"
+    c.trainer.update(train_steps=20, steps_per_loop=5, log_every=5, eval_every=10,
+                     checkpoint_every=10)
+    for key, value in overrides.items():
+        node = c
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+@pytest.fixture(autouse=True)
+def _reset_policy():
+    yield
+    keras.mixed_precision.set_global_policy("float32")

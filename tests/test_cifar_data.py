@@ -1,0 +1,106 @@
+"""The loader reads the real CIFAR-10 formats: files written here, read back exactly."""
+
+import os
+import pickle
+import tarfile
+
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from tasks import cifar10_data
+
+
+def write_cifar(root, rng, sizes=(7, 5, 3, 4, 6), test_size=9):
+    """Writes cifar-10-batches-py/ as the original pickles; returns the arrays written."""
+    folder = root / cifar10_data.FOLDER
+    folder.mkdir(parents=True)
+    written = {}
+    names = list(cifar10_data.TRAIN_FILES) + [cifar10_data.TEST_FILE]
+    for name, n in zip(names, list(sizes) + [test_size]):
+        images = rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=n).tolist()
+        rows = images.transpose(0, 3, 1, 2).reshape(n, 3072)  # R plane, G plane, B plane
+        batch = {b"batch_label": name.encode(), b"labels": labels, b"data": rows,
+                 b"filenames": [f"{i}.png".encode() for i in range(n)]}
+        with open(folder / name, "wb") as f:
+            pickle.dump(batch, f, protocol=2)
+        written[name] = (images, np.array(labels))
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({b"label_names": [b"airplane"] * 10, b"num_vis": 3072}, f, protocol=2)
+    return folder, written
+
+
+def assert_matches(data, written):
+    train = [written[n] for n in cifar10_data.TRAIN_FILES]
+    np.testing.assert_array_equal(data.train_images, np.concatenate([t[0] for t in train]))
+    np.testing.assert_array_equal(data.train_labels, np.concatenate([t[1] for t in train]))
+    np.testing.assert_array_equal(data.test_images, written["test_batch"][0])
+    np.testing.assert_array_equal(data.test_labels, written["test_batch"][1])
+
+
+def test_reads_folder_image_for_image(tmp_path):
+    folder, written = write_cifar(tmp_path, np.random.default_rng(0))
+    config = tiny_config(**{"data.source": "cifar10", "data.data_dir": str(tmp_path)})
+    data = cifar10_data.load(config.data)
+    assert_matches(data, written)
+    assert not data.synthetic and str(folder) in data.source
+
+
+def test_reads_tarball_image_for_image(tmp_path):
+    folder, written = write_cifar(tmp_path / "src", np.random.default_rng(1))
+    archive = tmp_path / "dl" / cifar10_data.TARBALL
+    archive.parent.mkdir()
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname=cifar10_data.FOLDER)
+    config = tiny_config(**{"data.source": "cifar10", "data.data_dir": str(archive.parent)})
+    assert_matches(cifar10_data.load(config.data), written)
+
+
+def test_corrupt_batch_file_names_the_file(tmp_path):
+    folder, _ = write_cifar(tmp_path, np.random.default_rng(2))
+    path = folder / "data_batch_3"
+    blob = path.read_bytes()
+    path.write_bytes(blob[: len(blob) // 2])  # truncated
+    config = tiny_config(**{"data.source": "cifar10", "data.data_dir": str(tmp_path)})
+    with pytest.raises(ValueError, match="data_batch_3.*truncated or corrupt"):
+        cifar10_data.load(config.data)
+
+
+def test_truncated_tarball_names_the_archive(tmp_path):
+    folder, _ = write_cifar(tmp_path / "src", np.random.default_rng(3))
+    archive = tmp_path / cifar10_data.TARBALL
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname=cifar10_data.FOLDER)
+    archive.write_bytes(archive.read_bytes()[:2000])
+    config = tiny_config(**{"data.source": "cifar10", "data.data_dir": str(tmp_path)})
+    with pytest.raises(ValueError, match=str(archive)):
+        cifar10_data.load(config.data)
+
+
+@pytest.fixture
+def offline_empty_home(tmp_path, monkeypatch):
+    """No Keras cache, and the download fails as it does offline."""
+    monkeypatch.setattr(cifar10_data, "KERAS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cifar10_data, "KERAS_EXTRACTED", str(tmp_path / "cache" / "x"))
+    monkeypatch.setattr(cifar10_data, "download", lambda: None)
+    return tmp_path
+
+
+def test_missing_data_with_source_cifar10_is_an_error(offline_empty_home):
+    empty = offline_empty_home / "empty"
+    empty.mkdir()
+    config = tiny_config(**{"data.source": "cifar10", "data.data_dir": str(empty)})
+    with pytest.raises(FileNotFoundError) as e:
+        cifar10_data.load(config.data)
+    message = str(e.value)
+    assert str(empty) in message and "--config.data.data_dir" in message
+    assert "source=synthetic" in message
+
+
+def test_auto_falls_back_to_synthetic_loudly(offline_empty_home, caplog):
+    config = tiny_config(**{"data.source": "auto", "data.data_dir": ""})
+    data = cifar10_data.load(config.data)
+    assert data.synthetic and "SYNTHETIC" in data.source
+    assert data.train_images.shape == (config.data.synthetic_train_size, 32, 32, 3)
+    assert any("SYNTHETIC" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,90 @@
+"""launch.py as a user runs it, and the clear errors it gives on bad input."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+import tasks
+from conftest import tiny_config, two_replicas
+from trainer import Trainer
+from trainer.distribute import build_strategy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--config.data.source=synthetic", "--config.data.synthetic_train_size=256",
+        "--config.data.synthetic_test_size=64", "--config.data.global_batch_size=32",
+        "--config.distribution.strategy=default", "--config.trainer.steps_per_loop=4",
+        "--config.trainer.log_every=4", "--config.trainer.eval_every=8",
+        "--config.trainer.checkpoint_every=8"]
+
+
+def launch(workdir, *args, config="configs/cifar.py"):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run(
+        [sys.executable, "launch.py", f"--config={config}", f"--workdir={workdir}", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_trains_resumes_and_evaluates(tmp_path):
+    run = launch(tmp_path, *TINY, "--config.trainer.train_steps=8",
+                 "--config.precision=mixed_bfloat16")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "step 8/8" in run.stderr and "Precision policy mixed_bfloat16" in run.stderr
+    assert "tensorboard --logdir" in run.stderr and "SYNTHETIC" in run.stderr
+    run = launch(tmp_path, *TINY, "--config.trainer.train_steps=12")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Restored" in run.stderr and "step 12/12" in run.stderr
+    assert "step 4/12" not in run.stderr and "step 8/12" not in run.stderr
+    run = launch(tmp_path, *TINY, "--mode=eval")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "eval @ step 12" in run.stderr
+
+
+def test_misspelt_config_key_fails_before_any_work(tmp_path):
+    run = launch(tmp_path / "w", "--config.trainer.train_stpes=5")
+    assert run.returncode != 0
+    assert "train_stpes" in run.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def test_eval_without_checkpoint_is_a_clear_error(tmp_path):
+    run = launch(tmp_path, *TINY, "--mode=eval")
+    assert run.returncode != 0
+    assert "no checkpoint in" in run.stderr and "Train first" in run.stderr
+
+
+def test_unknown_task_lists_known_ones():
+    with pytest.raises(ValueError, match=r"Unknown task 'cifar100'.*Known tasks: cifar10"):
+        tasks.get_task(tiny_config(**{"task.name": "cifar100"}))
+
+
+def test_unknown_model_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"model.name='vgg'.*resnet"):
+        tasks.get_task(tiny_config(**{"model.name": "vgg"}))
+
+
+def test_tpu_without_a_tpu_names_the_address_and_flag():
+    config = tiny_config(**{"distribution.strategy": "tpu", "distribution.tpu": ""})
+    with pytest.raises(RuntimeError, match=r"No TPU found at .*--config.distribution.tpu"):
+        build_strategy(config.distribution)
+
+
+def test_batch_not_divisible_by_replicas(tmp_path):
+    config = tiny_config(**{"data.global_batch_size": 33})
+    with pytest.raises(ValueError, match="multiple of the 2 replicas"):
+        Trainer(config, tasks.get_task(config), two_replicas(), str(tmp_path))
+    assert not os.listdir(tmp_path)
+
+
+def test_resnet_builds_and_steps(tmp_path):
+    config = tiny_config(**{"model.name": "resnet", "model.blocks_per_stage": 1,
+                            "optimizer.name": "sgd", "optimizer.schedule": "cosine",
+                            "optimizer.warmup_steps": 2, "trainer.train_steps": 4,
+                            "trainer.steps_per_loop": 2})
+    trainer = Trainer(config, tasks.get_task(config), tf.distribute.get_strategy(),
+                      str(tmp_path))
+    assert trainer.model.losses  # L2 weight decay flows into the loss
+    trainer.train(evaluate=False)
+    assert int(trainer.optimizer.iterations.numpy()) == 4

@@ -1,0 +1,104 @@
+"""End to end on tiny synthetic CIFAR: learning, resume, exact evaluation, summaries."""
+
+import glob
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tasks
+from conftest import tiny_config, two_replicas
+from trainer import Trainer
+from trainer.precision import set_policy
+
+
+def build(config, workdir, strategy=None):
+    strategy = strategy or tf.distribute.get_strategy()
+    set_policy(config.precision, strategy)
+    keras.utils.set_random_seed(config.seed)
+    return Trainer(config, tasks.get_task(config), strategy, str(workdir))
+
+
+def scalars(workdir, run):
+    """{tag: [(step, value)]} read back from the TensorBoard event files."""
+    out = {}
+    for path in glob.glob(os.path.join(workdir, run, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for v in event.summary.value:
+                if v.metadata.plugin_data.plugin_name == "scalars":
+                    out.setdefault(v.tag, []).append(
+                        (event.step, float(tf.make_ndarray(v.tensor))))
+    return out
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
+def test_training_lowers_the_loss(tmp_path, precision):
+    config = tiny_config(precision=precision, **{"trainer.train_steps": 40,
+                                                 "trainer.eval_every": 40})
+    trainer = build(config, tmp_path)
+    first_eval = trainer.evaluate()
+    final_eval = trainer.train()
+    assert keras.mixed_precision.global_policy().name == precision
+    assert final_eval["loss"] < 0.7 * first_eval["loss"]
+    assert final_eval["accuracy"] > 0.5
+    train = scalars(tmp_path, "train")
+    losses = [v for _, v in sorted(train["loss"])]
+    assert losses[-1] < losses[0]
+    for tag in ("learning_rate", "loss_scale", "grad_norm", "skipped_steps",
+                "examples_per_sec", "steps_per_sec", "accuracy"):
+        assert tag in train, tag
+    assert sorted(s for s, _ in train["loss"]) == [5, 10, 15, 20, 25, 30, 35, 40]
+    evals = scalars(tmp_path, "eval")
+    assert {"accuracy", "loss"} <= set(evals)
+    assert json.load(open(tmp_path / "config.json"))["trainer"]["train_steps"] == 40
+
+
+def test_resume_continues_from_the_last_checkpoint(tmp_path):
+    config = tiny_config(**{"trainer.train_steps": 10})
+    build(config, tmp_path).train(evaluate=False)
+    assert tf.train.latest_checkpoint(tmp_path / "checkpoints").endswith("ckpt-10")
+
+    config.trainer.train_steps = 20
+    trainer = build(config, tmp_path)
+    trainer.train(evaluate=False)
+    assert int(trainer.step.numpy()) == 20
+    assert int(trainer.optimizer.iterations.numpy()) == 20  # optimizer state came back too
+    steps = sorted(s for s, _ in scalars(tmp_path, "train")["loss"])
+    assert steps == [5, 10, 15, 20]  # continuous: no step trained twice, none missing
+
+    again = build(config, tmp_path)  # a finished run does not retrain
+    again.train(evaluate=False)
+    assert int(again.step.numpy()) == 20
+    assert sorted(s for s, _ in scalars(tmp_path, "train")["loss"]) == [5, 10, 15, 20]
+
+
+def test_restore_gives_back_the_same_weights(tmp_path):
+    config = tiny_config(**{"trainer.train_steps": 5})
+    trained = build(config, tmp_path)
+    trained.train(evaluate=False)
+    restored = build(tiny_config(**{"trainer.train_steps": 5, "seed": 7}), tmp_path)
+    assert restored.restore()
+    for a, b in zip(trained.model.weights + trained.optimizer.variables,
+                    restored.model.weights + restored.optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_eval_sees_every_example_once_with_two_replicas(tmp_path):
+    # 103 examples, 8 per step (4 per replica): the last step is partial.
+    config = tiny_config(**{"data.synthetic_test_size": 103, "data.global_batch_size": 8})
+    trainer = build(config, tmp_path, strategy=two_replicas())
+    results = trainer.evaluate()
+    assert results["num_examples"] == 103
+
+    data = trainer.task.data
+    images = (data.test_images.astype(np.float32) - tasks.cifar10.MEAN) / tasks.cifar10.STD
+    logits = trainer.model(images, training=False).numpy()
+    expected_loss = keras.losses.sparse_categorical_crossentropy(
+        data.test_labels, logits, from_logits=True).numpy().mean()
+    expected_accuracy = (logits.argmax(-1) == data.test_labels).mean()
+    np.testing.assert_allclose(results["loss"], expected_loss, rtol=1e-5)
+    np.testing.assert_allclose(results["accuracy"], expected_accuracy, rtol=1e-6)
+    assert trainer.evaluate() == results  # a second pass counts the same examples again
