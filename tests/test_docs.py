@@ -4,6 +4,7 @@ import os
 import re
 import types
 
+import keras
 import tensorflow as tf
 
 import tasks
@@ -24,7 +25,8 @@ def test_build_md_example_task_trains(tmp_path):
     config = config_module.get_config()
     config.precision = "float32"
     config.distribution.strategy = "default"
-    config.trainer.update(train_steps=100, steps_per_loop=25, log_every=25)
+    config.trainer.update(steps_per_loop=50, log_every=50)
+    keras.utils.set_random_seed(config.seed)
     task = tasks.get_task(config)
     assert type(task).__name__ == "SignOfSumTask"
     results = Trainer(config, task, tf.distribute.get_strategy(), str(tmp_path)).train()
