@@ -53,14 +53,28 @@ def resnet(num_classes=10, width=16, blocks_per_stage=3, weight_decay=1e-4):
 MODELS = {"seed_cnn": seed_cnn, "resnet": resnet}
 
 
-def preprocess(image, label, augment):
-    """uint8 HWC -> normalized float32; train augmentation: pad-4 random crop, flip."""
-    image = tf.cast(image, tf.float32)
+def random_crop_and_flip(images):
+    """Pad-4 random crop and horizontal flip of a batch [B, 32, 32, 3], vectorized.
+
+    One crop_and_resize call with boxes on whole pixels (an exact copy, no
+    interpolation) instead of a per-image map: the input pipeline keeps up
+    with the step on 2 CPU cores.
+    """
+    batch = tf.shape(images)[0]
+    padded = tf.pad(images, [[0, 0], [4, 4], [4, 4], [0, 0]])
+    corner = tf.cast(tf.random.uniform([batch, 2], 0, 9, dtype=tf.int32), tf.float32) / 39.0
+    boxes = tf.concat([corner, corner + 31.0 / 39.0], axis=1)
+    crops = tf.image.crop_and_resize(padded, boxes, tf.range(batch), (32, 32))
+    flip = tf.random.uniform([batch, 1, 1, 1]) < 0.5
+    return tf.where(flip, tf.reverse(crops, axis=[2]), crops)
+
+
+def preprocess(images, labels, augment):
+    """A uint8 NHWC batch -> normalized float32 (augmented for training)."""
+    images = tf.cast(images, tf.float32)
     if augment:
-        image = tf.image.pad_to_bounding_box(image, 4, 4, 40, 40)
-        image = tf.image.random_crop(image, (32, 32, 3))
-        image = tf.image.random_flip_left_right(image)
-    return (image - MEAN) / STD, label
+        images = random_crop_and_flip(images)
+    return (images - MEAN) / STD, labels
 
 
 @register("cifar10")
@@ -106,9 +120,8 @@ class Cifar10Task(base.Task):
             seed = self.config.seed + input_context.input_pipeline_id
             ds = ds.shuffle(len(labels), seed=seed).repeat()
         augment = training and self.config.data.augment
-        ds = ds.map(lambda x, y: preprocess(x, y, augment),
-                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
         ds = ds.batch(batch_size, drop_remainder=training)
+        ds = ds.map(lambda x, y: preprocess(x, y, augment), num_parallel_calls=tf.data.AUTOTUNE)
         return ds.prefetch(tf.data.AUTOTUNE)
 
     def compute_loss(self, labels, outputs):

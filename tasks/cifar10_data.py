@@ -135,12 +135,12 @@ def synthetic(num_train=50000, num_test=10000, seed=0):
     """A learnable CIFAR-shaped dataset: each class is a fixed coarse colour pattern
     (4x4 cells of 8x8 pixels, so crops and flips keep it recognisable) plus noise."""
     rng = np.random.default_rng(seed)
-    coarse = rng.uniform(0, 255, size=(10, 4, 4, 3)).astype(np.float32)
+    coarse = rng.uniform(96, 160, size=(10, 4, 4, 3)).astype(np.float32)
     templates = coarse.repeat(8, axis=1).repeat(8, axis=2)
 
     def make(n):
         labels = rng.integers(0, 10, size=n).astype(np.int32)
-        noise = rng.standard_normal(size=(n, 32, 32, 3), dtype=np.float32) * 50
+        noise = rng.standard_normal(size=(n, 32, 32, 3), dtype=np.float32) * 64
         images = np.clip(templates[labels] + noise, 0, 255).astype(np.uint8)
         return images, labels
 

@@ -200,17 +200,18 @@ class Trainer:
             boundaries.append(tc.eval_every)
         boundaries = [b for b in boundaries if b and b > 0]
         step, eval_results, t_start = start_step, None, time.time()
-        t_log, step_log = time.time(), start_step
+        train_seconds, step_log = 0.0, start_step  # since the last log line, eval excluded
         while step < self.train_steps:
             # Run up to the next log/checkpoint/eval boundary in one compiled call.
             num_steps = min([b - step % b for b in boundaries] + [self.train_steps - step])
+            t0 = time.time()
             self.train_loop(iterator, tf.constant(num_steps, tf.int64))
-            step = int(self.step.numpy())
+            step = int(self.step.numpy())  # waits for the loop to finish
+            train_seconds += time.time() - t0
             done = step >= self.train_steps
             if done or step % tc.log_every == 0:
-                elapsed = time.time() - t_log
-                self._log_train(step, step - step_log, elapsed)
-                t_log, step_log = time.time(), step
+                self._log_train(step, step - step_log, train_seconds)
+                train_seconds, step_log = 0.0, step
             if done or step % tc.checkpoint_every == 0:
                 self.manager.save(checkpoint_number=step)
             if evaluate and (done or (tc.eval_every and step % tc.eval_every == 0)):
