@@ -42,8 +42,8 @@ def test_training_lowers_the_loss(tmp_path, precision):
     first_eval = trainer.evaluate()
     final_eval = trainer.train()
     assert keras.mixed_precision.global_policy().name == precision
-    assert final_eval["loss"] < 0.7 * first_eval["loss"]
-    assert final_eval["accuracy"] > 0.5
+    assert final_eval["loss"] < 0.8 * first_eval["loss"]
+    assert final_eval["accuracy"] > 0.4  # chance is 0.1
     train = scalars(tmp_path, "train")
     losses = [v for _, v in sorted(train["loss"])]
     assert losses[-1] < losses[0]
