@@ -88,3 +88,13 @@ def test_resnet_builds_and_steps(tmp_path):
     assert trainer.model.losses  # L2 weight decay flows into the loss
     trainer.train(evaluate=False)
     assert int(trainer.optimizer.iterations.numpy()) == 4
+
+
+def test_legacy_keras_env_fails_fast(tmp_path):
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    run = subprocess.run([sys.executable, "launch.py", "--config=configs/cifar.py",
+                          f"--workdir={tmp_path / 'w'}"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0
+    assert "Unset TF_USE_LEGACY_KERAS" in run.stderr
+    assert not (tmp_path / "w").exists()
