@@ -17,9 +17,10 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (a get_config() module).",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, summaries and config.json.")
-flags.DEFINE_enum("mode", "train_and_eval", ["train", "eval", "train_and_eval"],
+flags.DEFINE_enum("mode", "train_and_eval", ["train", "eval", "train_and_eval", "sample"],
                   "train: train only; eval: evaluate the latest checkpoint; "
-                  "train_and_eval: train, evaluating every trainer.eval_every steps.")
+                  "train_and_eval: train, evaluating every trainer.eval_every steps; "
+                  "sample: print text from the latest checkpoint (language models).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -33,12 +34,20 @@ def main(argv):
     set_policy(config.precision, strategy)
     task = tasks.get_task(config)
     trainer = Trainer(config, task, strategy, FLAGS.workdir)
-    if FLAGS.mode == "eval":
+    if FLAGS.mode in ("eval", "sample"):
+        if FLAGS.mode == "sample" and not hasattr(task, "sample"):
+            raise ValueError(f"--mode=sample: task {config.task.name!r} cannot generate text.")
         if not trainer.restore():
             raise FileNotFoundError(
-                f"--mode=eval: no checkpoint in {FLAGS.workdir}/checkpoints. Train first "
-                "(--mode=train_and_eval) or point --workdir at a trained run.")
-        trainer.evaluate()
+                f"--mode={FLAGS.mode}: no checkpoint in {FLAGS.workdir}/checkpoints. Train "
+                "first (--mode=train_and_eval) or point --workdir at a trained run.")
+        if FLAGS.mode == "eval":
+            trainer.evaluate()
+        else:
+            s = config.sample
+            prompt = s.prompt.encode()
+            text = task.sample(trainer.model, prompt, s.num_bytes, s.temperature, s.top_k, s.seed)
+            print((prompt + text).decode("utf-8", errors="replace"))
     else:
         trainer.train(evaluate=FLAGS.mode == "train_and_eval")
     logging.flush()

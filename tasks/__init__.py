@@ -22,4 +22,4 @@ def get_task(config):
     return _REGISTRY[name](config)
 
 
-from tasks import cifar10  # noqa: E402,F401  (registers its task)
+from tasks import cifar10, lm  # noqa: E402,F401  (register their tasks)

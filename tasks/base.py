@@ -11,6 +11,8 @@ class Task(abc.ABC):
     inside `features`, `labels` or `outputs`.
     """
 
+    tokens_per_example = None  # set it (e.g. seq_len) to get tokens/sec in logs
+
     def __init__(self, config):
         self.config = config
 
@@ -30,7 +32,11 @@ class Task(abc.ABC):
 
     @abc.abstractmethod
     def compute_loss(self, labels, outputs):
-        """Returns the per-example loss, shape [batch], float32."""
+        """Returns float32 losses, one per example [batch] or per token [batch, ...].
+
+        Training minimizes their mean over the global batch (trailing axes
+        averaged first); evaluation reports the mean over every element.
+        """
 
     @abc.abstractmethod
     def build_metrics(self):

@@ -5,12 +5,13 @@ import tensorflow as tf
 from absl import logging
 
 from tasks import base, cifar10_data, register
+from tasks.vit import vit
 
 MEAN = (0.4914 * 255, 0.4822 * 255, 0.4465 * 255)
 STD = (0.2470 * 255, 0.2435 * 255, 0.2616 * 255)
 
 
-def seed_cnn(num_classes=10):
+def seed_cnn(m=None, num_classes=10):
     """Exactly the CNN of the TensorFlow mixed-precision tutorial."""
     return keras.Sequential([
         keras.Input((32, 32, 3)),
@@ -22,9 +23,11 @@ def seed_cnn(num_classes=10):
     ], name="seed_cnn")
 
 
-def resnet(num_classes=10, width=16, blocks_per_stage=3, weight_decay=1e-4):
-    """ResNet-20 style (He et al. 2016, CIFAR variant): 3 stages of basic blocks,
-    widths width*(1, 2, 4). ~91% on CIFAR-10 with SGD+momentum, cosine LR, 180 epochs."""
+def resnet(m, num_classes=10):
+    """ResNet-20 style (He et al. 2016, CIFAR variant): 3 stages of `m.blocks_per_stage`
+    basic blocks, widths m.width*(1, 2, 4). ~91% on CIFAR-10 with SGD+momentum, cosine LR,
+    180 epochs."""
+    width, blocks_per_stage, weight_decay = m.width, m.blocks_per_stage, m.weight_decay
     reg = keras.regularizers.L2(weight_decay / 2)  # gradient of wd/2*|w|^2 is wd*w
 
     def conv(filters, strides=1, kernel=3):
@@ -50,7 +53,7 @@ def resnet(num_classes=10, width=16, blocks_per_stage=3, weight_decay=1e-4):
     return keras.Model(inputs, outputs, name="resnet")
 
 
-MODELS = {"seed_cnn": seed_cnn, "resnet": resnet}
+MODELS = {"seed_cnn": seed_cnn, "resnet": resnet, "vit": vit}
 
 
 def random_crop_and_flip(images):
@@ -101,11 +104,7 @@ class Cifar10Task(base.Task):
         return self.data.source
 
     def build_model(self):
-        m = self.config.model
-        if m.name == "resnet":
-            return resnet(width=m.width, blocks_per_stage=m.blocks_per_stage,
-                          weight_decay=m.weight_decay)
-        return seed_cnn()
+        return MODELS[self.config.model.name](self.config.model)
 
     def build_inputs(self, split, input_context):
         training = split == "train"

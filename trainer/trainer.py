@@ -94,6 +94,9 @@ class Trainer:
         with tf.GradientTape() as tape:
             outputs = _as_float32(self.model(features, training=True))
             per_example_loss = self.task.compute_loss(labels, outputs)
+            if per_example_loss.shape.rank > 1:  # per-token losses: average each example's
+                per_example_loss = tf.reduce_mean(
+                    per_example_loss, axis=list(range(1, per_example_loss.shape.rank)))
             # Average over the *global* batch: the all-reduce SUM makes it the mean.
             loss = tf.nn.compute_average_loss(per_example_loss,
                                               global_batch_size=self.global_batch_size)
@@ -250,10 +253,14 @@ class Trainer:
                        skipped_steps=float(self.loss_scale.skipped_steps.numpy()),
                        steps_per_sec=steps_per_sec,
                        examples_per_sec=steps_per_sec * self.global_batch_size)
+        if self.task.tokens_per_example:
+            scalars["tokens_per_sec"] = scalars["examples_per_sec"] * self.task.tokens_per_example
         self._write_scalars("train", scalars)
-        logging.info("step %d/%d: %s | %.0f ex/s, %.2f steps/s, ETA %s", step, self.train_steps,
-                     _format_metrics(metrics), scalars["examples_per_sec"], steps_per_sec,
-                     _format_duration(eta))
+        tokens = (f", {scalars['tokens_per_sec']:.0f} tokens/s"
+                  if "tokens_per_sec" in scalars else "")
+        logging.info("step %d/%d: %s | %.0f ex/s%s, %.2f steps/s, ETA %s", step,
+                     self.train_steps, _format_metrics(metrics), scalars["examples_per_sec"],
+                     tokens, steps_per_sec, _format_duration(eta))
         for m in self.train_metrics + [self.grad_norm]:
             m.reset_state()
 

@@ -1,0 +1,34 @@
+"""Byte-level language model on the Python standard library's source (offline).
+
+python launch.py --config=configs/lm.py --workdir=runs/lm
+python launch.py --config=configs/lm.py --workdir=runs/lm --mode=sample --config.sample.prompt='def '
+"""
+
+import ml_collections
+
+
+def get_config():
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.precision = "auto"
+    c.task = ml_collections.ConfigDict(dict(name="lm"))
+    c.model = ml_collections.ConfigDict(dict(
+        seq_len=128, num_layers=4, d_model=128, num_heads=4, mlp_dim=512, dropout=0.0,
+        tie_embeddings=True, remat=False))
+    c.data = ml_collections.ConfigDict(dict(
+        files="stdlib",            # a glob of text files; stdlib = this Python's *.py files
+        max_bytes=0,               # > 0: read at most this many bytes of the corpus
+        validation_fraction=0.01,  # the last 1% of the bytes
+        global_batch_size=32))
+    c.optimizer = ml_collections.ConfigDict(dict(
+        name="adamw", learning_rate=2e-3, schedule="cosine", warmup_steps=200,
+        clip_norm=1.0, weight_decay=0.1, momentum=0.9, nesterov=True))
+    c.loss_scale = ml_collections.ConfigDict(dict(
+        dynamic=True, initial_scale=2.0**15, growth_steps=2000))
+    c.distribution = ml_collections.ConfigDict(dict(strategy="auto", tpu=""))
+    c.trainer = ml_collections.ConfigDict(dict(
+        train_steps=5000, steps_per_loop=100, eval_every=1000, checkpoint_every=1000,
+        max_to_keep=3, log_every=100, jit_compile=False))
+    c.sample = ml_collections.ConfigDict(dict(
+        prompt="import ", num_bytes=256, temperature=0.8, top_k=40, seed=0))
+    return c

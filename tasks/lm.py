@@ -1,0 +1,186 @@
+"""Byte-level decoder-only language model: bytes are tokens, no tokenizer to download."""
+
+import glob
+import math
+import os
+import sysconfig
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from tasks import base, register
+from tasks.transformer import Block, warn_if_not_multiple_of_8
+
+VOCAB = 256
+
+
+def corpus_files(pattern):
+    """`stdlib` = the running Python's standard library .py files (present offline),
+    without the third-party packages installed beneath it."""
+    stdlib = pattern == "stdlib"
+    if stdlib:
+        pattern = os.path.join(sysconfig.get_paths()["stdlib"], "**", "*.py")
+    files = sorted(f for f in glob.glob(os.path.expanduser(pattern), recursive=True)
+                   if os.path.isfile(f) and not (stdlib and "-packages" + os.sep in f))
+    if not files:
+        raise FileNotFoundError(f"data.files={pattern!r} matches no files; point "
+                                "--config.data.files at a glob of text files.")
+    return files
+
+
+def read_corpus(pattern, max_bytes=0):
+    """All matching files' bytes, concatenated in sorted path order."""
+    chunks, total = [], 0
+    for path in corpus_files(pattern):
+        try:
+            with open(path, "rb") as f:
+                chunk = f.read()
+        except OSError as e:
+            raise OSError(f"Cannot read {path} (matched by data.files={pattern!r}): {e}") from e
+        chunks.append(chunk)
+        total += len(chunk)
+        if max_bytes and total >= max_bytes:
+            break
+    data = b"".join(chunks)
+    return data[:max_bytes] if max_bytes else data
+
+
+class ByteLM(keras.Model):
+    """Embeddings + learned positions -> causal Blocks -> LayerNorm -> float32 logits."""
+
+    def __init__(self, seq_len, num_layers, d_model, num_heads, mlp_dim, dropout=0.0,
+                 tie_embeddings=True, remat=False, **kwargs):
+        super().__init__(**kwargs)
+        self.seq_len, self.tie_embeddings = seq_len, tie_embeddings
+        self.embed = keras.layers.Embedding(VOCAB, d_model)
+        self.positions = keras.layers.Embedding(seq_len, d_model)
+        self.dropout = keras.layers.Dropout(dropout)
+        self.blocks = [Block(d_model, num_heads, mlp_dim, dropout, causal=True, remat=remat)
+                       for _ in range(num_layers)]
+        self.ln = keras.layers.LayerNormalization(epsilon=1e-5)
+        self.head = None if tie_embeddings else keras.layers.Dense(VOCAB, use_bias=False)
+
+    def call(self, tokens, training=False):
+        length = tf.shape(tokens)[1]
+        x = self.embed(tokens) + self.positions(tf.range(length))[tf.newaxis]
+        x = self.dropout(x, training=training)
+        for block in self.blocks:
+            x = block(x, training=training)
+        x = self.ln(x)
+        if self.tie_embeddings:
+            logits = tf.matmul(x, tf.cast(self.embed.embeddings, x.dtype), transpose_b=True)
+        else:
+            logits = self.head(x)
+        return tf.cast(logits, tf.float32)
+
+
+def per_byte_loss(labels, logits):
+    return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+
+
+class BitsPerByte(keras.metrics.Mean):
+    """Mean next-byte cross-entropy in bits."""
+
+    def update_state(self, labels, logits, sample_weight=None):
+        super().update_state(per_byte_loss(labels, logits) / math.log(2.0), sample_weight)
+
+
+@register("lm")
+class ByteLMTask(base.Task):
+    """Next-byte prediction on a glob of text files."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.seq_len = config.model.seq_len
+        self.tokens_per_example = self.seq_len
+        self._splits = None
+
+    @property
+    def splits(self):
+        """(train bytes, validation bytes) as uint8 arrays; the last fraction validates."""
+        if self._splits is None:
+            d = self.config.data
+            data = np.frombuffer(read_corpus(d.files, d.max_bytes), dtype=np.uint8)
+            n_val = int(len(data) * d.validation_fraction)
+            if n_val < 2 or len(data) - n_val < self.seq_len + 1:
+                raise ValueError(
+                    f"data.files={d.files!r} gives {len(data)} bytes: too few for "
+                    f"validation_fraction={d.validation_fraction} and seq_len={self.seq_len}.")
+            self._splits = data[:-n_val], data[-n_val - 1:]  # +1: context for the first byte
+            logging.info("Corpus %s: %d train bytes, %d validation bytes.", d.files,
+                         len(data) - n_val, n_val)
+        return self._splits
+
+    def describe_data(self):
+        train, val = self.splits
+        return f"text files {self.config.data.files} ({len(train)} + {len(val) - 1} bytes)"
+
+    def build_model(self):
+        m = self.config.model
+        warn_if_not_multiple_of_8(d_model=m.d_model, mlp_dim=m.mlp_dim,
+                                  head_dim=m.d_model // m.num_heads, seq_len=m.seq_len)
+        model = ByteLM(m.seq_len, m.num_layers, m.d_model, m.num_heads, m.mlp_dim, m.dropout,
+                       m.tie_embeddings, m.remat)
+        model(tf.zeros((1, m.seq_len), tf.int32))
+        return model
+
+    def build_inputs(self, split, input_context):
+        train, val = self.splits
+        batch = input_context.get_per_replica_batch_size(self.config.data.global_batch_size)
+        window = self.seq_len + 1
+        if split == "train":
+            data = tf.constant(train)
+            seed = self.config.seed + input_context.input_pipeline_id
+            starts = tf.data.Dataset.random(seed=seed).map(
+                lambda r: r % (len(train) - window + 1))
+            ds = starts.map(lambda s: data[s:s + window])
+            ds = ds.batch(batch, drop_remainder=True)
+        else:
+            # Consecutive windows; each validation byte is a target exactly once. The
+            # last, shorter window becomes a batch of its own.
+            n_full = (len(val) - 1) // self.seq_len
+            full = val[:n_full * self.seq_len + 1]
+            idx = np.arange(n_full)[:, None] * self.seq_len + np.arange(window)[None]
+            ds = tf.data.Dataset.from_tensor_slices(full[idx]).batch(batch)
+            rest = val[n_full * self.seq_len:]
+            if len(rest) > 1:
+                ds = ds.concatenate(tf.data.Dataset.from_tensors(rest[None]))
+            if input_context.num_input_pipelines > 1:
+                ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        ds = ds.map(lambda w: (tf.cast(w[:, :-1], tf.int32), tf.cast(w[:, 1:], tf.int32)))
+        return ds.prefetch(tf.data.AUTOTUNE)
+
+    def compute_loss(self, labels, outputs):
+        return per_byte_loss(labels, outputs)  # [batch, seq_len]: one loss per byte
+
+    def build_metrics(self):
+        return [BitsPerByte("bits_per_byte"), keras.metrics.SparseCategoricalAccuracy("accuracy"),
+                keras.metrics.Sum("scored_bytes")]
+
+    def update_metrics(self, metrics, labels, outputs):
+        bits, accuracy, scored = metrics
+        bits.update_state(labels, outputs)
+        accuracy.update_state(labels, outputs)
+        scored.update_state(tf.cast(tf.size(labels), tf.float32))
+
+    def sample(self, model, prompt, num_bytes, temperature=1.0, top_k=0, seed=0):
+        """Continues `prompt` (bytes) by `num_bytes` sampled bytes; reproducible per seed."""
+        window = np.zeros((1, self.seq_len), np.int32)
+
+        @tf.function
+        def next_logits(tokens, position):
+            return model(tokens, training=False)[0, position]
+
+        out = list(prompt) or [ord("\n")]
+        for i in range(num_bytes):
+            context = out[-self.seq_len:]
+            window[0, :len(context)] = context  # causal: the zeros after it are never seen
+            logits = next_logits(tf.constant(window), tf.constant(len(context) - 1))
+            logits = logits / max(temperature, 1e-6)
+            if top_k:
+                kth = tf.math.top_k(logits, k=top_k).values[-1]
+                logits = tf.where(logits < kth, -1e9, logits)
+            out.append(int(tf.random.stateless_categorical(logits[None], 1, seed=(seed, i))[0, 0]))
+        return bytes(out[len(prompt) or 1:])

@@ -1,0 +1,65 @@
+"""The one transformer block shared by the byte LM (causal) and the ViT (not causal)."""
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+
+def warn_if_not_multiple_of_8(**dims):
+    """Tensor Cores want dimensions that are multiples of 8 under mixed precision."""
+    if keras.mixed_precision.global_policy().name == "float32":
+        return
+    odd = {k: v for k, v in dims.items() if v % 8}
+    if odd:
+        logging.warning("Under mixed precision, dimensions that are not multiples of 8 "
+                        "leave Tensor Cores idle: %s.", odd)
+
+
+class Block(keras.layers.Layer):
+    """Pre-LayerNorm transformer block: x + MHA(LN(x)), then x + MLP(LN(x)).
+
+    `remat=True` recomputes the block in the backward pass (`tf.recompute_grad`)
+    instead of keeping its activations. Dropout seeds are drawn *outside* the
+    recomputed function and applied with stateless dropout, so the recomputation
+    uses the same masks as the forward pass (a stateful Dropout layer would not).
+    """
+
+    def __init__(self, d_model, num_heads, mlp_dim, dropout=0.0, causal=False, remat=False,
+                 **kwargs):
+        super().__init__(**kwargs)
+        if d_model % num_heads:
+            raise ValueError(f"model.d_model={d_model} must be divisible by "
+                             f"model.num_heads={num_heads}.")
+        self.causal, self.remat, self.rate = causal, remat, dropout
+        self.ln1 = keras.layers.LayerNormalization(epsilon=1e-5)
+        self.attention = keras.layers.MultiHeadAttention(num_heads, d_model // num_heads)
+        self.ln2 = keras.layers.LayerNormalization(epsilon=1e-5)
+        self.mlp_in = keras.layers.Dense(mlp_dim, activation="gelu")
+        self.mlp_out = keras.layers.Dense(d_model)
+        self.seeds = keras.random.SeedGenerator()
+
+    def build(self, input_shape):
+        self.ln1.build(input_shape)
+        self.attention.build(input_shape, input_shape)
+        self.ln2.build(input_shape)
+        self.mlp_in.build(input_shape)
+        self.mlp_out.build(input_shape[:-1] + (self.mlp_in.units,))
+
+    def _dropout(self, x, seed, training):
+        if not training or not self.rate:
+            return x
+        return tf.nn.experimental.stateless_dropout(x, self.rate, seed=seed)
+
+    def _forward(self, x, seeds, training):
+        h = self.ln1(x)
+        h = self.attention(h, h, use_causal_mask=self.causal, training=False)
+        x = x + self._dropout(h, seeds[0], training)
+        h = self.mlp_out(self.mlp_in(self.ln2(x)))
+        return x + self._dropout(h, seeds[1], training)
+
+    def call(self, x, training=False):
+        seeds = tf.cast(keras.random.randint((2, 2), 0, 2**30, seed=self.seeds), tf.int32) \
+            if training and self.rate else tf.zeros((2, 2), tf.int32)
+        if self.remat and training:
+            return tf.recompute_grad(lambda y: self._forward(y, seeds, training))(x)
+        return self._forward(x, seeds, training)
