@@ -160,6 +160,8 @@ class ByteLMTask(base.Task):
                 keras.metrics.Sum("scored_bytes")]
 
     def update_metrics(self, metrics, labels, outputs):
+        # One entry per byte: Keras' Mean metrics would average each window first.
+        labels, outputs = tf.reshape(labels, [-1]), tf.reshape(outputs, [-1, VOCAB])
         bits, accuracy, scored = metrics
         bits.update_state(labels, outputs)
         accuracy.update_state(labels, outputs)

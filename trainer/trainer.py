@@ -153,7 +153,8 @@ class Trainer:
     def eval_step(self, features, labels):
         """Updates the eval metrics with one replica's batch (which may be empty)."""
         outputs = _as_float32(self.model(features, training=False))
-        self.eval_metrics[0].update_state(self.task.compute_loss(labels, outputs))
+        # Flattened: Keras' Mean would first average each example's per-token losses.
+        self.eval_metrics[0].update_state(tf.reshape(self.task.compute_loss(labels, outputs), [-1]))
         self.eval_metrics[1].update_state(tf.cast(tf.shape(labels)[0], tf.float32))
         self.task.update_metrics(self.eval_metrics[2:], labels, outputs)
 

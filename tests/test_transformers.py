@@ -1,0 +1,177 @@
+"""Byte LM and ViT: learning, causality, remat, exact eval, sampling, mixed precision."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import ml_collections
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tasks
+from configs import lm as lm_config
+from configs import vit_cifar
+from conftest import tiny_config, two_replicas
+from tasks.lm import ByteLM
+from trainer import Trainer
+from trainer.precision import set_policy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEXT = b"the quick brown fox jumps over the lazy dog. " * 40
+
+
+def tiny_lm(tmp_path, text=TEXT, **overrides):
+    (tmp_path / "corpus").mkdir(exist_ok=True)
+    (tmp_path / "corpus" / "a.txt").write_bytes(text)
+    c = lm_config.get_config()
+    c.precision = "float32"
+    c.distribution.strategy = "default"
+    c.data.files = str(tmp_path / "corpus" / "*.txt")
+    c.data.validation_fraction = 0.1
+    c.model.update(seq_len=32, num_layers=1, d_model=32, num_heads=2, mlp_dim=64)
+    c.optimizer.update(learning_rate=3e-3, warmup_steps=10)
+    c.trainer.update(train_steps=150, steps_per_loop=50, log_every=50, eval_every=150,
+                     checkpoint_every=150)
+    for key, value in overrides.items():
+        node = c
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+def build(config, workdir, strategy=None):
+    strategy = strategy or tf.distribute.get_strategy()
+    set_policy(config.precision, strategy)
+    keras.utils.set_random_seed(config.seed)
+    return Trainer(config, tasks.get_task(config), strategy, str(workdir / "run"))
+
+
+def test_tiny_lm_overfits_repeated_text(tmp_path):
+    trainer = build(tiny_lm(tmp_path), tmp_path)
+    results = trainer.train()
+    train_bits = trainer.train_metrics[1].result().numpy()  # the last log interval
+    assert train_bits < 0.5, train_bits
+    assert results["bits_per_byte"] < 1.0
+
+
+def test_causal_logits_ignore_future_bytes():
+    model = ByteLM(seq_len=16, num_layers=2, d_model=32, num_heads=4, mlp_dim=64)
+    tokens = np.random.default_rng(0).integers(0, 256, size=(2, 16)).astype(np.int32)
+    changed = tokens.copy()
+    t = 6
+    changed[:, t + 1:] = (changed[:, t + 1:] + 17) % 256
+    a, b = model(tokens).numpy(), model(changed).numpy()
+    np.testing.assert_allclose(a[:, :t + 1], b[:, :t + 1], atol=1e-5)
+    assert not np.allclose(a[:, t + 1:], b[:, t + 1:])
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_remat_gives_same_loss_and_gradients(dropout):
+    tokens = np.random.default_rng(1).integers(0, 256, size=(4, 16)).astype(np.int32)
+    results = []
+    for remat in (False, True):
+        keras.utils.set_random_seed(3)
+        model = ByteLM(seq_len=16, num_layers=2, d_model=32, num_heads=4, mlp_dim=64,
+                       dropout=dropout, remat=remat)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                tokens, model(tokens, training=True), from_logits=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        results.append((loss.numpy(), [g.numpy() if not isinstance(g, tf.IndexedSlices)
+                                       else tf.convert_to_tensor(g).numpy() for g in grads]))
+    (loss0, grads0), (loss1, grads1) = results
+    np.testing.assert_allclose(loss0, loss1, rtol=1e-6)
+    assert len(grads0) == len(grads1)
+    for g0, g1 in zip(grads0, grads1):
+        np.testing.assert_allclose(g0, g1, rtol=1e-4, atol=1e-6)
+
+
+def test_eval_scores_every_validation_byte_once(tmp_path):
+    text = bytes(np.random.default_rng(2).integers(32, 127, size=1000).astype(np.uint8))
+    config = tiny_lm(tmp_path, text, **{"data.global_batch_size": 4,
+                                         "data.validation_fraction": 0.237})
+    trainer = build(config, tmp_path, strategy=two_replicas())
+    results = trainer.evaluate()
+    n_val = int(len(text) * 0.237)
+    assert results["scored_bytes"] == n_val  # 237 targets: 7 windows of 32 + 13 left over
+
+    val = np.frombuffer(text, np.uint8)[-n_val - 1:].astype(np.int32)
+    all_losses = []
+    for start in range(0, n_val, 32):
+        window = val[start:start + 33]
+        out = trainer.model(window[None, :-1], training=False).numpy()
+        all_losses.append(keras.losses.sparse_categorical_crossentropy(
+            window[None, 1:], out, from_logits=True).numpy().ravel())
+    per_byte = np.concatenate(all_losses)
+    assert len(per_byte) == n_val
+    np.testing.assert_allclose(results["loss"], per_byte.mean(), rtol=1e-5)
+    np.testing.assert_allclose(results["bits_per_byte"], per_byte.mean() / np.log(2), rtol=1e-5)
+
+
+def test_empty_glob_is_a_clear_error(tmp_path):
+    config = tiny_lm(tmp_path, **{"data.files": str(tmp_path / "nothing" / "*.txt")})
+    task = tasks.get_task(config)
+    with pytest.raises(FileNotFoundError, match=r"nothing/\*\.txt.*matches no files"):
+        task.build_model() and task.splits
+
+
+def test_sample_mode_prints_requested_bytes_reproducibly(tmp_path):
+    config = tiny_lm(tmp_path, **{"trainer.train_steps": 20, "trainer.steps_per_loop": 10,
+                                  "trainer.log_every": 10, "optimizer.warmup_steps": 2})
+    build(config, tmp_path).train(evaluate=False)
+    args = [sys.executable, "launch.py", "--config=configs/lm.py",
+            f"--workdir={tmp_path / 'run'}", "--mode=sample",
+            "--config.precision=float32", "--config.distribution.strategy=default",
+            f"--config.data.files={config.data.files}", "--config.data.validation_fraction=0.1",
+            "--config.model.seq_len=32", "--config.model.num_layers=1",
+            "--config.model.d_model=32", "--config.model.num_heads=2",
+            "--config.model.mlp_dim=64", "--config.sample.prompt=the ",
+            "--config.sample.num_bytes=40", "--config.sample.top_k=5"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    outs = [subprocess.run(args + extra, cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=300) for extra in ([], [], ["--config.sample.seed=1"])]
+    for out in outs:
+        assert out.returncode == 0, out.stderr[-2000:]
+    first = outs[0].stdout.rstrip("\n")
+    assert first.startswith("the ")
+    assert len(first.encode("utf-8", errors="replace")) >= 4 + 40 or "\ufffd" in first
+    assert outs[1].stdout == outs[0].stdout        # same seed, same text
+    assert outs[2].stdout != outs[0].stdout        # another seed, other text
+
+
+def test_sample_returns_exactly_num_bytes(tmp_path):
+    config = tiny_lm(tmp_path)
+    task = tasks.get_task(config)
+    model = task.build_model()
+    out = task.sample(model, b"fox", num_bytes=50, temperature=1.0, top_k=0, seed=4)
+    assert isinstance(out, bytes) and len(out) == 50
+    assert out == task.sample(model, b"fox", num_bytes=50, temperature=1.0, top_k=0, seed=4)
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
+def test_vit_trains_on_synthetic_cifar(tmp_path, precision):
+    c = vit_cifar.get_config()
+    small = tiny_config()
+    c.data, c.distribution, c.precision = small.data, small.distribution, precision
+    c.model.update(num_layers=1, d_model=32, num_heads=2, mlp_dim=64)
+    c.optimizer.update(warmup_steps=2, clip_norm=1.0)
+    c.trainer = ml_collections.ConfigDict(small.trainer.to_dict())
+    c.trainer.update(train_steps=30, eval_every=30)
+    trainer = build(c, tmp_path)
+    assert trainer.model.name.startswith("vi_t") or "ViT" in type(trainer.model).__name__
+    before = trainer.evaluate()["loss"]
+    after = trainer.train()["loss"]
+    assert after < before
+
+
+def test_lm_mixed_bfloat16_runs(tmp_path):
+    trainer = build(tiny_lm(tmp_path, precision="mixed_bfloat16",
+                            **{"trainer.train_steps": 20, "trainer.steps_per_loop": 10,
+                               "trainer.log_every": 10, "optimizer.warmup_steps": 2}), tmp_path)
+    results = trainer.train()
+    assert trainer.model.blocks[0].compute_dtype == "bfloat16"
+    assert np.isfinite(results["loss"]) and results["bits_per_byte"] < 8.0
