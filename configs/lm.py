@@ -27,7 +27,7 @@ def get_config():
         dynamic=True, initial_scale=2.0**15, growth_steps=2000))
     c.distribution = ml_collections.ConfigDict(dict(strategy="auto", tpu=""))
     c.trainer = ml_collections.ConfigDict(dict(
-        train_steps=5000, steps_per_loop=100, eval_every=1000, checkpoint_every=1000,
+        train_steps=3500, steps_per_loop=100, eval_every=500, checkpoint_every=500,
         max_to_keep=3, log_every=100, jit_compile=False))
     c.sample = ml_collections.ConfigDict(dict(
         prompt="import ", num_bytes=256, temperature=0.8, top_k=40, seed=0))
