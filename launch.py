@@ -5,6 +5,8 @@ both to the Trainer. Any config field can be overridden, e.g.
 --config.trainer.train_steps=200 --config.precision=mixed_bfloat16.
 """
 
+import sys
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -12,6 +14,8 @@ import tasks
 from trainer import Trainer
 from trainer.distribute import build_strategy
 from trainer.precision import set_policy
+from trainer.trainer import Preempted
+from trainer.workdir import WorkdirLock, check_workdir
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (a get_config() module).",
@@ -31,6 +35,20 @@ def main(argv):
     config = FLAGS.config
     keras.utils.set_random_seed(config.seed)
     strategy = build_strategy(config.distribution)
+    if FLAGS.mode == "sample" or not strategy.extended.should_checkpoint:
+        run(config, strategy)  # reads the workdir only / a non-chief worker: no lock
+        return
+    check_workdir(FLAGS.workdir)
+    with WorkdirLock(FLAGS.workdir):
+        try:
+            run(config, strategy)
+        except Preempted as e:
+            logging.warning("%s", e)
+            logging.flush()
+            sys.exit(128 + e.signum)
+
+
+def run(config, strategy):
     set_policy(config.precision, strategy)
     task = tasks.get_task(config)
     trainer = Trainer(config, task, strategy, FLAGS.workdir)
@@ -50,7 +68,6 @@ def main(argv):
             print((prompt + text).decode("utf-8", errors="replace"))
     else:
         trainer.train(evaluate=FLAGS.mode == "train_and_eval")
-    logging.flush()
 
 
 if __name__ == "__main__":

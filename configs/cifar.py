@@ -47,6 +47,9 @@ def get_config():
         eval_every=500,
         checkpoint_every=500,
         max_to_keep=3,
+        max_nonfinite_steps=0,     # non-finite steps in a row that stop the run;
+                                   # 0: 100 with float16 loss scaling, else 1
+
         log_every=50,
         jit_compile=False))        # XLA on CPU measured 3x slower
     return c

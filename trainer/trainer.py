@@ -2,6 +2,10 @@
 
 import json
 import os
+import shutil
+import signal
+import tempfile
+import threading
 import time
 
 import keras
@@ -71,15 +75,22 @@ class Trainer:
                 initial_scale=config.loss_scale.initial_scale,
                 growth_steps=config.loss_scale.growth_steps)
             self.step = _step_variable("global_step")
+            self.nonfinite_streak = _step_variable("nonfinite_streak")  # not checkpointed
             self.train_metrics = [keras.metrics.Mean("loss")] + task.build_metrics()
             self.grad_norm = keras.metrics.Mean("grad_norm")
             self.eval_metrics = ([keras.metrics.Mean("loss"), keras.metrics.Sum("num_examples")]
                                  + task.build_metrics())
 
+        self.max_nonfinite_steps = int(config.trainer.max_nonfinite_steps or (
+            100 if self.loss_scale.enabled else 1))
+        # Multi-worker: every worker takes part in a save, but only the chief writes
+        # the workdir; the others save to a temporary directory that is then removed.
+        self.is_chief = strategy.extended.should_checkpoint
+        self.checkpoint_dir = os.path.join(workdir, "checkpoints")
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
                                               loss_scale=self.loss_scale, step=self.step)
         self.manager = tf.train.CheckpointManager(
-            self.checkpoint, os.path.join(workdir, "checkpoints"),
+            self.checkpoint, self.checkpoint_dir if self.is_chief else tempfile.mkdtemp(),
             max_to_keep=config.trainer.max_to_keep, step_counter=self.step)
         self._compute_gradients = tf.function(
             self._forward_backward, jit_compile=bool(config.trainer.jit_compile))
@@ -143,10 +154,15 @@ class Trainer:
         tf.cond(finite, apply, lambda: tf.constant(False))
         self.loss_scale.update(finite)
         self.step.assign_add(1)
+        self.nonfinite_streak.assign(
+            tf.where(finite, tf.constant(0, tf.int64), self.nonfinite_streak + 1))
 
     def _train_loop_fn(self, iterator, num_steps):
-        """`num_steps` train steps in one compiled call (a graph while-loop)."""
+        """`num_steps` train steps in one compiled call (a graph while-loop); stops
+        early once `max_nonfinite_steps` steps in a row were non-finite."""
         for _ in tf.range(num_steps):
+            if self.nonfinite_streak >= self.max_nonfinite_steps:
+                break
             features, labels = next(iterator)
             self.strategy.run(self.train_step, args=(features, labels))
 
@@ -169,12 +185,27 @@ class Trainer:
             lambda ctx: self.task.build_inputs(split, ctx))
 
     def restore(self):
-        """Restores the latest checkpoint of the workdir, if any; returns its step."""
-        latest = self.manager.latest_checkpoint
-        if latest:
-            self.checkpoint.restore(latest).assert_existing_objects_matched()
-            logging.info("Restored %s (step %d).", latest, int(self.step.numpy()))
-        return latest
+        """Restores the newest readable checkpoint of the workdir; returns its path or None.
+
+        A corrupt or truncated checkpoint is skipped with a warning and the one
+        before it is tried; nothing is deleted.
+        """
+        state = tf.train.get_checkpoint_state(self.checkpoint_dir)
+        paths = list(state.all_model_checkpoint_paths) if state else []
+        for path in reversed(paths):
+            try:
+                self.checkpoint.restore(path).assert_existing_objects_matched()
+            except (tf.errors.OpError, ValueError, AssertionError) as e:
+                logging.warning("Checkpoint %s is unreadable (%s); trying the previous one.",
+                                path, str(e).splitlines()[0][:200])
+                continue
+            logging.info("Restored %s (step %d).", path, int(self.step.numpy()))
+            return path
+        if paths:
+            raise RuntimeError(f"No readable checkpoint in {self.checkpoint_dir} (tried "
+                               f"{', '.join(paths)}); nothing was deleted. Move the directory "
+                               "away to start from scratch.")
+        return None
 
     def evaluate(self):
         """One full pass over the eval split; returns {metric name: float}."""
@@ -190,7 +221,11 @@ class Trainer:
         return results
 
     def train(self, evaluate=True):
-        """Trains to `trainer.train_steps` from wherever the workdir left off."""
+        """Trains to `trainer.train_steps` from wherever the workdir left off.
+
+        SIGTERM/SIGINT: the current host loop (at most `steps_per_loop` steps)
+        finishes, a checkpoint is written and `Preempted` is raised.
+        """
         tc = self.config.trainer
         self.restore()
         start_step = int(self.step.numpy())
@@ -205,32 +240,74 @@ class Trainer:
         boundaries = [b for b in boundaries if b and b > 0]
         step, eval_results, t_start = start_step, None, time.time()
         train_seconds, step_log = 0.0, start_step  # since the last log line, eval excluded
-        while step < self.train_steps:
-            # Run up to the next log/checkpoint/eval boundary in one compiled call.
-            num_steps = min([b - step % b for b in boundaries] + [self.train_steps - step])
-            t0 = time.time()
-            self.train_loop(iterator, tf.constant(num_steps, tf.int64))
-            step = int(self.step.numpy())  # waits for the loop to finish
-            train_seconds += time.time() - t0
-            done = step >= self.train_steps
-            if done or step % tc.log_every == 0:
-                self._log_train(step, step - step_log, train_seconds)
-                train_seconds, step_log = 0.0, step
-            if done or step % tc.checkpoint_every == 0:
-                self.manager.save(checkpoint_number=step)
-            if evaluate and (done or (tc.eval_every and step % tc.eval_every == 0)):
-                eval_results = self.evaluate()
+        with _StopOnSignal() as stop:
+            while step < self.train_steps:
+                # Run up to the next log/checkpoint/eval boundary in one compiled call.
+                num_steps = min([b - step % b for b in boundaries] + [self.train_steps - step])
+                t0 = time.time()
+                self.train_loop(iterator, tf.constant(num_steps, tf.int64))
+                step = int(self.step.numpy())  # waits for the loop to finish
+                train_seconds += time.time() - t0
+                self._check_finite(step)
+                done = step >= self.train_steps
+                if done or step % tc.log_every == 0:
+                    self._log_train(step, step - step_log, train_seconds)
+                    train_seconds, step_log = 0.0, step
+                stopping = self._any_worker(stop.signum is not None)
+                if done or stopping or step % tc.checkpoint_every == 0:
+                    self.save()
+                if stopping:
+                    self._flush()
+                    raise Preempted(f"Stopped by {stop.name} at step {step}; checkpoint saved "
+                                    f"in {self.checkpoint_dir}. Relaunch with the same "
+                                    "--workdir to continue from this step.", stop.signum)
+                if evaluate and (done or (tc.eval_every and step % tc.eval_every == 0)):
+                    eval_results = self.evaluate()
         if evaluate and eval_results is None:
             eval_results = self.evaluate()
         self._flush()
         self._log_final(start_step, time.time() - t_start, eval_results)
         return eval_results
 
+    def save(self):
+        """Writes a checkpoint at the current step (all workers must call it)."""
+        self.manager.save(checkpoint_number=self.step)
+        if not self.is_chief:
+            shutil.rmtree(self.manager.directory, ignore_errors=True)
+
+    def _any_worker(self, flag):
+        """True on every worker if `flag` is True on any (keeps workers in lockstep)."""
+        if self.strategy.extended._in_multi_worker_mode():  # noqa: SLF001
+            flags = self.strategy.run(lambda: tf.constant(int(flag)))
+            return bool(self.strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None))
+        return flag
+
+    def _check_finite(self, step):
+        """Stops the run, before anything is saved, if it has diverged."""
+        streak = int(self.nonfinite_streak.numpy())
+        weights_finite = bool(all_finite(self.model.weights))
+        if streak < self.max_nonfinite_steps and weights_finite:
+            return
+        latest = self.manager.latest_checkpoint if self.is_chief else None
+        what = (f"{streak} consecutive steps had non-finite gradients (skipped, so the "
+                "weights were not changed by them)" if weights_finite
+                else "the weights became non-finite")
+        raise FloatingPointError(
+            f"Training diverged at step {step}: {what}. Mean train loss since the last log: "
+            f"{float(self.train_metrics[0].result()):.4g}; loss scale "
+            f"{float(self.loss_scale.scale.numpy()):g}. No checkpoint was written; the last "
+            f"good one is kept: {latest or 'none yet'}. Try a lower "
+            "--config.optimizer.learning_rate, --config.optimizer.clip_norm=1.0, float32 "
+            "or mixed_bfloat16 instead of mixed_float16, or a larger "
+            f"--config.trainer.max_nonfinite_steps (now {self.max_nonfinite_steps}).")
+
     # --------------------------------------------------------------- reports
 
     def _writer(self, name):
         if name not in self._writers:
-            self._writers[name] = tf.summary.create_file_writer(os.path.join(self.workdir, name))
+            self._writers[name] = (
+                tf.summary.create_file_writer(os.path.join(self.workdir, name)) if self.is_chief
+                else tf.summary.create_noop_writer())
         return self._writers[name]
 
     def _write_scalars(self, writer, scalars):
@@ -266,9 +343,10 @@ class Trainer:
             m.reset_state()
 
     def _write_start(self):
-        os.makedirs(self.workdir, exist_ok=True)
-        with open(os.path.join(self.workdir, "config.json"), "w") as f:
-            f.write(self.config.to_json_best_effort(indent=2))
+        if self.is_chief:
+            os.makedirs(self.workdir, exist_ok=True)
+            with open(os.path.join(self.workdir, "config.json"), "w") as f:
+                f.write(self.config.to_json_best_effort(indent=2))
         with self._writer("train").as_default(step=self.step.read_value()):
             tf.summary.text("config", "```\n" + str(self.config) + "\n```")
         logging.info("TensorBoard logs in %s; view with: tensorboard --logdir=%s",
@@ -285,6 +363,46 @@ class Trainer:
         logging.info("Done: %s", json.dumps(summary))
         if "SYNTHETIC" in source:
             logging.warning("This run used SYNTHETIC data, not the real dataset.")
+
+
+class Preempted(Exception):
+    """Training stopped on a signal after saving a checkpoint; `signum` says which."""
+
+    def __init__(self, message, signum):
+        super().__init__(message)
+        self.signum = signum
+
+
+class _StopOnSignal:
+    """Records SIGTERM/SIGINT instead of dying mid-step (main thread only).
+
+    Our own flag rather than tf.distribute's PreemptionCheckpointHandler, which
+    only serves MultiWorkerMirroredStrategy and TPUStrategy; `_any_worker`
+    shares the flag between workers.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signum, self.previous = None, {}
+
+    @property
+    def name(self):
+        return signal.Signals(self.signum).name
+
+    def _record(self, signum, frame):
+        self.signum = signum
+        logging.warning("Received %s: finishing the current loop, then saving a checkpoint.",
+                        self.name)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self._record) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
 
 
 def _format_metrics(metrics):
