@@ -195,11 +195,15 @@ class Trainer:
         for path in reversed(paths):
             try:
                 self.checkpoint.restore(path).assert_existing_objects_matched()
-            except (tf.errors.OpError, ValueError, AssertionError) as e:
+            except Exception as e:  # noqa: BLE001  (OpError, IndexError, ValueError... by damage)
                 logging.warning("Checkpoint %s is unreadable (%s); trying the previous one.",
                                 path, str(e).splitlines()[0][:200])
                 continue
             logging.info("Restored %s (step %d).", path, int(self.step.numpy()))
+            if self.config.optimizer.schedule == "constant":
+                # A constant rate is an optimizer variable, so the checkpoint brought back
+                # the old value; the config of this run decides.
+                self.optimizer.learning_rate = self.config.optimizer.learning_rate
             return path
         if paths:
             raise RuntimeError(f"No readable checkpoint in {self.checkpoint_dir} (tried "

@@ -1,0 +1,134 @@
+"""A signal, a corrupt checkpoint, a diverging run or a second run must cost no work."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tasks
+from conftest import tiny_config
+from trainer import Trainer
+from trainer.precision import set_policy
+from trainer.workdir import WorkdirLock, check_workdir
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def build(config, workdir):
+    set_policy(config.precision, tf.distribute.get_strategy())
+    keras.utils.set_random_seed(config.seed)
+    return Trainer(config, tasks.get_task(config), tf.distribute.get_strategy(), str(workdir))
+
+
+def checkpoint_steps(workdir):
+    state = tf.train.get_checkpoint_state(os.path.join(workdir, "checkpoints"))
+    return [int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths] if state else []
+
+
+def test_sigterm_saves_and_relaunch_continues(tmp_path):
+    args = [sys.executable, "launch.py", "--config=configs/cifar.py", f"--workdir={tmp_path}",
+            "--mode=train", "--config.data.source=synthetic", "--config.precision=float32",
+            "--config.distribution.strategy=default", "--config.data.global_batch_size=16",
+            "--config.data.synthetic_train_size=256", "--config.data.synthetic_test_size=32",
+            "--config.trainer.steps_per_loop=10", "--config.trainer.log_every=10",
+            "--config.trainer.checkpoint_every=100000"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.Popen(args + ["--config.trainer.train_steps=100000"], cwd=ROOT, env=env,
+                            stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # wait until training is under way
+        lines.append(line)
+        if "step 20/" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    lines += proc.stderr.readlines()
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM, "".join(lines)[-3000:]
+    log = "".join(lines)
+    assert "Received SIGTERM" in log and "Relaunch with the same --workdir" in log
+    saved = checkpoint_steps(tmp_path)
+    assert len(saved) == 1 and saved[0] >= 20 and saved[0] % 10 == 0  # a loop boundary
+    assert f"Stopped by SIGTERM at step {saved[0]}" in log
+    assert not os.path.exists(tmp_path / ".lock")
+
+    final = saved[0] + 10
+    run = subprocess.run(args + [f"--config.trainer.train_steps={final}"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"step {saved[0]}" in run.stderr and f"step {final}/{final}" in run.stderr
+    assert f"step {saved[0] - 10 + 1}/" not in run.stderr  # nothing retrained
+    assert checkpoint_steps(tmp_path)[-1] == final
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
+    config = tiny_config(**{"trainer.train_steps": 20, "trainer.checkpoint_every": 10})
+    first = build(config, tmp_path)
+    first.train(evaluate=False)
+    assert checkpoint_steps(tmp_path) == [10, 20]
+    data = next(p for p in os.listdir(tmp_path / "checkpoints")
+                if p.startswith("ckpt-20.data"))
+    path = tmp_path / "checkpoints" / data
+    path.write_bytes(path.read_bytes()[:100])  # truncate
+
+    again = build(config, tmp_path)
+    restored = again.restore()
+    assert restored.endswith("ckpt-10") and int(again.step.numpy()) == 10
+    assert any("ckpt-20" in r.getMessage() and "unreadable" in r.getMessage()
+               for r in caplog.records)
+    assert checkpoint_steps(tmp_path) == [10, 20]  # nothing deleted
+    assert os.path.exists(tmp_path / "checkpoints" / "ckpt-10.index")
+
+
+def test_divergence_stops_with_a_clear_error_and_keeps_the_good_checkpoint(tmp_path):
+    good = build(tiny_config(**{"trainer.train_steps": 10}), tmp_path)
+    good.train(evaluate=False)
+    before = [w.numpy() for w in good.model.weights]
+    config = tiny_config(**{"trainer.train_steps": 40, "optimizer.learning_rate": 1e9,
+                            "optimizer.name": "sgd", "optimizer.momentum": 0.0})
+    trainer = build(config, tmp_path)
+    with pytest.raises(FloatingPointError) as e:
+        trainer.train(evaluate=False)
+    message = str(e.value)
+    assert "Training diverged at step" in message and "learning_rate" in message
+    assert "ckpt-10" in message
+    assert checkpoint_steps(tmp_path) == [10]  # no checkpoint of the diverged run
+    restored = build(tiny_config(**{"trainer.train_steps": 10}), tmp_path)
+    restored.restore()
+    for a, b in zip(before, restored.model.weights):
+        np.testing.assert_array_equal(a, b.numpy())
+
+
+def test_second_run_on_a_workdir_is_refused(tmp_path):
+    with WorkdirLock(str(tmp_path)):
+        with pytest.raises(RuntimeError, match=rf"in use.*pid {os.getpid()}"):
+            WorkdirLock(str(tmp_path)).acquire()
+    assert not os.path.exists(tmp_path / ".lock")
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / ".lock").write_text(f'{{"pid": {dead.pid}, "host": "{socket.gethostname()}"}}')
+    with WorkdirLock(str(tmp_path)) as lock:
+        assert lock.held
+    assert any("stale lock" in r.getMessage() for r in caplog.records)
+
+
+def test_workdir_that_is_a_file(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("keep me")
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        check_workdir(str(path))
+    assert path.read_text() == "keep me"
+
+
+def test_workdir_under_a_file_cannot_be_created(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(PermissionError, match="cannot be created"):
+        check_workdir(str(tmp_path / "file" / "run"))
