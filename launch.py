@@ -33,8 +33,8 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     import keras  # after flag parsing: keeps --help fast
     config = FLAGS.config
+    strategy = build_strategy(config.distribution)  # first: multi-worker needs a fresh runtime
     keras.utils.set_random_seed(config.seed)
-    strategy = build_strategy(config.distribution)
     if FLAGS.mode == "sample" or not strategy.extended.should_checkpoint:
         run(config, strategy)  # reads the workdir only / a non-chief worker: no lock
         return

@@ -39,7 +39,8 @@ def get_config():
 
     c.distribution = ml_collections.ConfigDict(dict(
         strategy="auto",           # auto | default | one_device | mirrored | multi_worker | tpu
-        tpu=""))                   # TPU name or grpc:// address
+        tpu="",                    # TPU name or grpc:// address
+        collective_timeout_seconds=600))  # multi_worker: a peer silent this long is an error
 
     c.trainer = ml_collections.ConfigDict(dict(
         train_steps=10 * TRAIN_EXAMPLES // 512,  # about 10 epochs

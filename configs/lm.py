@@ -25,7 +25,8 @@ def get_config():
         clip_norm=1.0, weight_decay=0.1, momentum=0.9, nesterov=True))
     c.loss_scale = ml_collections.ConfigDict(dict(
         dynamic=True, initial_scale=2.0**15, growth_steps=2000))
-    c.distribution = ml_collections.ConfigDict(dict(strategy="auto", tpu=""))
+    c.distribution = ml_collections.ConfigDict(dict(
+        strategy="auto", tpu="", collective_timeout_seconds=600))
     c.trainer = ml_collections.ConfigDict(dict(
         train_steps=3500, steps_per_loop=100, eval_every=500, checkpoint_every=500,
         max_to_keep=3, log_every=100, jit_compile=False,

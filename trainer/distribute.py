@@ -25,34 +25,36 @@ def _connect_tpu(address):
 
 
 def build_strategy(config):
-    """`config` is `config.distribution` (fields `strategy`, `tpu`)."""
-    name = config.strategy
-    if name not in STRATEGIES:
-        raise ValueError(
-            f"config.distribution.strategy={name!r} is unknown; choose one of {STRATEGIES}.")
-    gpus = tf.config.list_logical_devices("GPU")
-    if name == "auto":
-        if config.tpu:
-            strategy = _connect_tpu(config.tpu)
-        elif os.environ.get("TPU_NAME") or os.path.exists("/dev/accel0"):
-            strategy = _connect_tpu(os.environ.get("TPU_NAME", "local"))
-        else:
-            if len(gpus) > 1:
-                strategy = tf.distribute.MirroredStrategy()
-            elif gpus:
-                strategy = tf.distribute.OneDeviceStrategy(gpus[0].name)
-            else:
-                strategy = tf.distribute.get_strategy()
-    elif name == "default":
-        strategy = tf.distribute.get_strategy()
-    elif name == "one_device":
-        strategy = tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
-    elif name == "mirrored":
-        strategy = tf.distribute.MirroredStrategy()
-    elif name == "multi_worker":
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    else:
-        strategy = _connect_tpu(config.tpu)
+    """`config` is `config.distribution` (fields `strategy`, `tpu`, ...)."""
+    if config.strategy not in STRATEGIES:
+        raise ValueError(f"config.distribution.strategy={config.strategy!r} is unknown; "
+                         f"choose one of {STRATEGIES}.")
+    strategy = _make_strategy(config)
     logging.info("Strategy %s with %d replica(s).", type(strategy).__name__,
                  strategy.num_replicas_in_sync)
     return strategy
+
+
+def _make_strategy(config):
+    name = config.strategy
+    if name == "multi_worker":
+        # Made before anything initializes the TF runtime (collectives need that).
+        # A bounded wait on every collective: a dead peer becomes an error, not a hang.
+        options = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=config.collective_timeout_seconds or None)
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    local_tpu = os.environ.get("TPU_NAME") or os.path.exists("/dev/accel0")
+    if name == "tpu" or (name == "auto" and (config.tpu or local_tpu)):
+        return _connect_tpu(config.tpu or os.environ.get("TPU_NAME", "local" if local_tpu else ""))
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    gpus = tf.config.list_logical_devices("GPU")
+    if name == "one_device":
+        return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
+    if len(gpus) > 1:  # auto
+        return tf.distribute.MirroredStrategy()
+    if gpus:
+        return tf.distribute.OneDeviceStrategy(gpus[0].name)
+    return tf.distribute.get_strategy()

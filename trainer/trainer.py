@@ -230,47 +230,61 @@ class Trainer:
         SIGTERM/SIGINT: the current host loop (at most `steps_per_loop` steps)
         finishes, a checkpoint is written and `Preempted` is raised.
         """
-        tc = self.config.trainer
         self.restore()
-        start_step = int(self.step.numpy())
+        start_step, t_start = int(self.step.numpy()), time.time()
         self._write_start()
         if start_step >= self.train_steps:
             logging.info("Already trained to step %d >= train_steps=%d: nothing to train.",
                          start_step, self.train_steps)
+        with _StopOnSignal() as stop:
+            try:
+                eval_results = self._host_loop(evaluate, stop)
+            except tf.errors.OpError as e:
+                if not self.strategy.extended._in_multi_worker_mode():  # noqa: SLF001
+                    raise
+                raise RuntimeError(
+                    f"A peer worker failed or became unreachable near step "
+                    f"{int(self.step.numpy())} ({type(e).__name__}: "
+                    f"{str(e).strip().splitlines()[0][:200]}). Relaunch every worker with the "
+                    "same --workdir: training resumes from "
+                    f"{tf.train.latest_checkpoint(self.checkpoint_dir)}.") from e
+        if evaluate and eval_results is None:
+            eval_results = self.evaluate()
+        self._flush()
+        self._log_final(start_step, time.time() - t_start, eval_results)
+        return eval_results
+
+    def _host_loop(self, evaluate, stop):
+        """Compiled chunks of steps; logs, checkpoints and evals at their boundaries."""
+        tc = self.config.trainer
         iterator = iter(self.distributed_dataset("train"))
         boundaries = [tc.steps_per_loop, tc.log_every, tc.checkpoint_every]
         if evaluate:
             boundaries.append(tc.eval_every)
         boundaries = [b for b in boundaries if b and b > 0]
-        step, eval_results, t_start = start_step, None, time.time()
-        train_seconds, step_log = 0.0, start_step  # since the last log line, eval excluded
-        with _StopOnSignal() as stop:
-            while step < self.train_steps:
-                # Run up to the next log/checkpoint/eval boundary in one compiled call.
-                num_steps = min([b - step % b for b in boundaries] + [self.train_steps - step])
-                t0 = time.time()
-                self.train_loop(iterator, tf.constant(num_steps, tf.int64))
-                step = int(self.step.numpy())  # waits for the loop to finish
-                train_seconds += time.time() - t0
-                self._check_finite(step)
-                done = step >= self.train_steps
-                if done or step % tc.log_every == 0:
-                    self._log_train(step, step - step_log, train_seconds)
-                    train_seconds, step_log = 0.0, step
-                stopping = self._any_worker(stop.signum is not None)
-                if done or stopping or step % tc.checkpoint_every == 0:
-                    self.save()
-                if stopping:
-                    self._flush()
-                    raise Preempted(f"Stopped by {stop.name} at step {step}; checkpoint saved "
-                                    f"in {self.checkpoint_dir}. Relaunch with the same "
-                                    "--workdir to continue from this step.", stop.signum)
-                if evaluate and (done or (tc.eval_every and step % tc.eval_every == 0)):
-                    eval_results = self.evaluate()
-        if evaluate and eval_results is None:
-            eval_results = self.evaluate()
-        self._flush()
-        self._log_final(start_step, time.time() - t_start, eval_results)
+        step = step_log = int(self.step.numpy())
+        eval_results, train_seconds = None, 0.0  # seconds since the last log, eval excluded
+        while step < self.train_steps:
+            num_steps = min([b - step % b for b in boundaries] + [self.train_steps - step])
+            t0 = time.time()
+            self.train_loop(iterator, tf.constant(num_steps, tf.int64))
+            step = int(self.step.numpy())  # waits for the loop to finish
+            train_seconds += time.time() - t0
+            self._check_finite(step)
+            done = step >= self.train_steps
+            if done or step % tc.log_every == 0:
+                self._log_train(step, step - step_log, train_seconds)
+                train_seconds, step_log = 0.0, step
+            stopping = self._any_worker(stop.signum is not None)
+            if done or stopping or step % tc.checkpoint_every == 0:
+                self.save()
+            if stopping:
+                self._flush()
+                raise Preempted(f"Stopped by {stop.name} at step {step}; checkpoint saved in "
+                                f"{self.checkpoint_dir}. Relaunch with the same --workdir to "
+                                "continue from this step.", stop.signum or signal.SIGTERM)
+            if evaluate and (done or (tc.eval_every and step % tc.eval_every == 0)):
+                eval_results = self.evaluate()
         return eval_results
 
     def save(self):
@@ -281,10 +295,14 @@ class Trainer:
 
     def _any_worker(self, flag):
         """True on every worker if `flag` is True on any (keeps workers in lockstep)."""
-        if self.strategy.extended._in_multi_worker_mode():  # noqa: SLF001
-            flags = self.strategy.run(lambda: tf.constant(int(flag)))
-            return bool(self.strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None))
-        return flag
+        if not self.strategy.extended._in_multi_worker_mode():  # noqa: SLF001
+            return flag
+        return bool(self._sum_over_replicas(tf.constant(int(flag))))
+
+    @tf.function
+    def _sum_over_replicas(self, value):
+        per_replica = self.strategy.run(tf.identity, args=(value,))
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     def _check_finite(self, step):
         """Stops the run, before anything is saved, if it has diverged."""
@@ -329,7 +347,7 @@ class Trainer:
         steps_per_sec = num_steps / max(elapsed, 1e-9)
         eta = (self.train_steps - step) / max(steps_per_sec, 1e-9)
         scalars = dict(metrics,
-                       learning_rate=float(self.optimizer.learning_rate),
+                       learning_rate=float(tf.convert_to_tensor(self.optimizer.learning_rate)),
                        loss_scale=float(self.loss_scale.scale.numpy()),
                        grad_norm=float(self.grad_norm.result()),
                        skipped_steps=float(self.loss_scale.skipped_steps.numpy()),
@@ -392,7 +410,7 @@ class _StopOnSignal:
 
     @property
     def name(self):
-        return signal.Signals(self.signum).name
+        return signal.Signals(self.signum).name if self.signum else "a signal to another worker"
 
     def _record(self, signum, frame):
         self.signum = signum

@@ -1,0 +1,42 @@
+"""One worker of the multi-worker tests: trains a tiny CIFAR run, dumps its weights.
+
+Usage (TF_CONFIG set by the test): python multi_worker_main.py WORKDIR OUT.npz STEPS
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import keras  # noqa: E402
+from absl import logging  # noqa: E402
+import numpy as np  # noqa: E402
+
+import tasks  # noqa: E402
+from configs import cifar  # noqa: E402
+from trainer import Trainer  # noqa: E402
+from trainer.distribute import build_strategy  # noqa: E402
+from trainer.precision import set_policy  # noqa: E402
+
+
+def main(workdir, out, steps):
+    logging.set_verbosity(logging.INFO)
+    c = cifar.get_config()
+    c.precision = "float32"
+    c.distribution.strategy = "multi_worker"
+    c.distribution.collective_timeout_seconds = 30
+    c.data.update(source="synthetic", synthetic_train_size=512, synthetic_test_size=64,
+                  global_batch_size=32)
+    c.trainer.update(train_steps=int(steps), steps_per_loop=5, log_every=5, eval_every=10,
+                     checkpoint_every=10)
+    strategy = build_strategy(c.distribution)
+    keras.utils.set_random_seed(c.seed)
+    set_policy(c.precision, strategy)
+    trainer = Trainer(c, tasks.get_task(c), strategy, workdir)
+    trainer.train()
+    np.savez(out, step=trainer.step.numpy(),
+             **{f"w{i}": w.numpy() for i, w in enumerate(trainer.model.weights)})
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

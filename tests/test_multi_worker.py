@@ -1,0 +1,101 @@
+"""MultiWorkerMirroredStrategy for real: two worker processes on localhost ports."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def start_workers(workdir, out_dir, steps):
+    cluster = {"worker": [f"localhost:{p}" for p in free_ports(2)]}
+    procs = []
+    for i in range(2):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                   TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker",
+                                                                      "index": i}}))
+        log = open(os.path.join(out_dir, f"worker{i}.log"), "w")
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "multi_worker_main.py"), str(workdir),
+             os.path.join(out_dir, f"worker{i}.npz"), str(steps)],
+            env=env, stdout=log, stderr=subprocess.STDOUT))
+    return procs
+
+
+def finish(procs, timeout):
+    try:
+        return [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def checkpoints(workdir):
+    return sorted(int(f.split("-")[1].split(".")[0])
+                  for f in os.listdir(os.path.join(workdir, "checkpoints"))
+                  if f.endswith(".index"))
+
+
+def assert_same_weights(out_dir, step):
+    a, b = (np.load(os.path.join(out_dir, f"worker{i}.npz")) for i in range(2))
+    assert int(a["step"]) == int(b["step"]) == step
+    assert len(a.files) > 2
+    for k in a.files:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_two_workers_train_alike_and_only_the_chief_writes(tmp_path):
+    workdir = tmp_path / "wd"
+    procs = start_workers(workdir, tmp_path, steps=20)
+    codes = finish(procs, timeout=240)
+    logs = [open(tmp_path / f"worker{i}.log").read() for i in range(2)]
+    assert codes == [0, 0], logs[0][-2000:] + logs[1][-2000:]
+    assert "CollectiveAllReduceStrategy with 2 replica(s)" in logs[0]
+    assert_same_weights(tmp_path, 20)
+    assert checkpoints(workdir) == [10, 20]
+    assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "eval", "train"]
+
+
+def test_dead_worker_stops_the_other_and_relaunch_resumes(tmp_path):
+    workdir = tmp_path / "wd"
+    procs = start_workers(workdir, tmp_path, steps=100000)
+    deadline = time.time() + 180
+    while time.time() < deadline and not (os.path.isdir(workdir / "checkpoints")
+                                          and checkpoints(workdir)):
+        time.sleep(0.5)
+    assert checkpoints(workdir), "no checkpoint within 180 s"
+    procs[1].send_signal(signal.SIGKILL)
+    killed = time.time()
+    code = finish(procs[:1], timeout=120)[0]
+    waited = time.time() - killed
+    log = open(tmp_path / "worker0.log").read()
+    assert code != 0 and waited < 120
+    assert "A peer worker failed or became unreachable" in log, log[-3000:]
+    assert "Relaunch every worker" in log
+
+    resume_from = checkpoints(workdir)[-1]
+    procs = start_workers(workdir, tmp_path, steps=resume_from + 10)
+    codes = finish(procs, timeout=240)
+    assert codes == [0, 0], open(tmp_path / "worker0.log").read()[-3000:]
+    assert checkpoints(workdir)[-1] == resume_from + 10
+    log = open(tmp_path / "worker0.log").read()
+    assert f"Restored {workdir}/checkpoints/ckpt-{resume_from} (step {resume_from})" in log
+    assert f"step {resume_from + 5}/{resume_from + 10}" in log
+    assert_same_weights(tmp_path, resume_from + 10)
