@@ -52,5 +52,6 @@ def get_config():
                                    # 0: 100 with float16 loss scaling, else 1
 
         log_every=50,
+        deterministic=False,       # True: deterministic ops, so a resumed run is bitwise exact
         jit_compile=False))        # XLA on CPU measured 3x slower
     return c

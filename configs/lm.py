@@ -29,7 +29,7 @@ def get_config():
         strategy="auto", tpu="", collective_timeout_seconds=600))
     c.trainer = ml_collections.ConfigDict(dict(
         train_steps=3500, steps_per_loop=100, eval_every=500, checkpoint_every=500,
-        max_to_keep=3, log_every=100, jit_compile=False,
+        max_to_keep=3, log_every=100, jit_compile=False, deterministic=False,
         max_nonfinite_steps=0))  # 0: 100 with float16 loss scaling, else 1
     c.sample = ml_collections.ConfigDict(dict(
         prompt="import ", num_bytes=256, temperature=0.8, top_k=40, seed=0))

@@ -21,11 +21,13 @@ class Task(abc.ABC):
         """Returns a built `keras.Model`, outputs cast to float32 where they feed a loss."""
 
     @abc.abstractmethod
-    def build_inputs(self, split, input_context):
+    def build_inputs(self, split, input_context, start_step=0):
         """Returns a `tf.data.Dataset` of per-replica batches `(features, labels)`.
 
         `split` is "train" (repeated forever, fixed batch size) or "eval"
         (one pass, every example exactly once, last batch may be smaller).
+        `start_step` is the global step training resumes at: a task whose train
+        order is a function of the step (as cifar10 and lm are) resumes exactly.
         Shard by `input_context.input_pipeline_id` and batch with
         `input_context.get_per_replica_batch_size(global_batch_size)`.
         """

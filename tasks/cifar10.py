@@ -56,28 +56,58 @@ def resnet(m, num_classes=10):
 MODELS = {"seed_cnn": seed_cnn, "resnet": resnet, "vit": vit}
 
 
-def random_crop_and_flip(images):
+def random_crop_and_flip(images, seed):
     """Pad-4 random crop and horizontal flip of a batch [B, 32, 32, 3], vectorized.
 
     One crop_and_resize call with boxes on whole pixels (an exact copy, no
     interpolation) instead of a per-image map: the input pipeline keeps up
-    with the step on 2 CPU cores.
+    with the step on 2 CPU cores. Stateless: `seed` [2] fixes the result.
     """
     batch = tf.shape(images)[0]
+    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     padded = tf.pad(images, [[0, 0], [4, 4], [4, 4], [0, 0]])
-    corner = tf.cast(tf.random.uniform([batch, 2], 0, 9, dtype=tf.int32), tf.float32) / 39.0
+    corner = tf.random.stateless_uniform([batch, 2], crop_seed, 0, 9, dtype=tf.int32)
+    corner = tf.cast(corner, tf.float32) / 39.0
     boxes = tf.concat([corner, corner + 31.0 / 39.0], axis=1)
     crops = tf.image.crop_and_resize(padded, boxes, tf.range(batch), (32, 32))
-    flip = tf.random.uniform([batch, 1, 1, 1]) < 0.5
+    flip = tf.random.stateless_uniform([batch, 1, 1, 1], flip_seed) < 0.5
     return tf.where(flip, tf.reverse(crops, axis=[2]), crops)
 
 
-def preprocess(images, labels, augment):
-    """A uint8 NHWC batch -> normalized float32 (augmented for training)."""
-    images = tf.cast(images, tf.float32)
-    if augment:
-        images = random_crop_and_flip(images)
-    return (images - MEAN) / STD, labels
+def normalize(images):
+    return (tf.cast(images, tf.float32) - MEAN) / STD
+
+
+def train_batches(images, labels, batch_size, input_context, start_step, seed, augment):
+    """Per-replica train batches as a pure function of the step.
+
+    Per-replica batch g holds examples g*batch_size ... of an endless stream in
+    which every epoch is a fresh stateless permutation (`index_shuffle` seeded
+    by seed and epoch); augmentation is seeded by (seed, g). A resumed run
+    starts at the batch of `start_step` and sees exactly what an uninterrupted
+    run would: no iterator state to checkpoint.
+    """
+    n = len(labels)
+    pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
+    replicas_per_pipeline = input_context.num_replicas_in_sync // pipelines
+    images, labels = tf.constant(images), tf.constant(labels)
+
+    def shuffled(index, epoch):
+        return tf.random.experimental.index_shuffle(index, tf.stack([seed, epoch]), n - 1)
+
+    def batch(k):
+        g = k * pipelines + pipeline  # this replica batch's place in the global stream
+        idx = g * batch_size + tf.range(batch_size, dtype=tf.int64)
+        epoch, pos = idx // n, idx % n
+        first = epoch[0]  # a batch spans at most two epochs (batch_size <= n)
+        order = tf.where(epoch == first, shuffled(pos, first), shuffled(pos, first + 1))
+        x = tf.cast(tf.gather(images, order), tf.float32)
+        if augment:
+            x = random_crop_and_flip(x, tf.stack([seed, g]))
+        return normalize(x), tf.gather(labels, order)
+
+    start = start_step * replicas_per_pipeline
+    return tf.data.Dataset.range(start, 2**62).map(batch, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 @register("cifar10")
@@ -106,21 +136,25 @@ class Cifar10Task(base.Task):
     def build_model(self):
         return MODELS[self.config.model.name](self.config.model)
 
-    def build_inputs(self, split, input_context):
-        training = split == "train"
-        images, labels = ((self.data.train_images, self.data.train_labels) if training
-                          else (self.data.test_images, self.data.test_labels))
+    def build_inputs(self, split, input_context, start_step=0):
         batch_size = input_context.get_per_replica_batch_size(
             self.config.data.global_batch_size)
-        ds = tf.data.Dataset.from_tensor_slices((images, labels))
-        if input_context.num_input_pipelines > 1:
-            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-        if training:
-            seed = self.config.seed + input_context.input_pipeline_id
-            ds = ds.shuffle(len(labels), seed=seed).repeat()
-        augment = training and self.config.data.augment
-        ds = ds.batch(batch_size, drop_remainder=training)
-        ds = ds.map(lambda x, y: preprocess(x, y, augment), num_parallel_calls=tf.data.AUTOTUNE)
+        if split == "train":
+            n = len(self.data.train_labels)
+            if self.config.data.global_batch_size > n:
+                raise ValueError(
+                    f"data.global_batch_size={self.config.data.global_batch_size} is larger "
+                    f"than the {n} training examples; lower --config.data.global_batch_size.")
+            ds = train_batches(self.data.train_images, self.data.train_labels, batch_size,
+                               input_context, start_step, self.config.seed,
+                               self.config.data.augment)
+        else:
+            ds = tf.data.Dataset.from_tensor_slices((self.data.test_images,
+                                                     self.data.test_labels))
+            if input_context.num_input_pipelines > 1:
+                ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+            ds = ds.batch(batch_size).map(lambda x, y: (normalize(x), y),
+                                          num_parallel_calls=tf.data.AUTOTUNE)
         return ds.prefetch(tf.data.AUTOTUNE)
 
     def compute_loss(self, labels, outputs):

@@ -156,6 +156,16 @@ def load(config):
                          f"choose one of {SOURCES}.")
     if config.source == "synthetic":
         return synthetic(config.synthetic_train_size, config.synthetic_test_size)
+    if config.data_dir and not any(_is_cifar_folder(p) or os.path.isfile(p)
+                                   for p in candidate_paths(config.data_dir)[:3]):
+        # An explicit data_dir without the dataset is a mistake, never a reason to
+        # fall back to synthetic data.
+        listing = sorted(os.listdir(config.data_dir))[:10] if os.path.isdir(config.data_dir) \
+            else "it does not exist"
+        raise FileNotFoundError(
+            f"data.data_dir={config.data_dir} holds no CIFAR-10 ({listing}). It must contain "
+            f"{FOLDER}/ (with {', '.join(TRAIN_FILES + (TEST_FILE,))}) or {TARBALL}; download "
+            f"it from {URL}, or unset --config.data.data_dir.")
     found = find_on_disk(config.data_dir) or download()
     if found is not None:
         return found

@@ -126,17 +126,28 @@ class ByteLMTask(base.Task):
         model(tf.zeros((1, m.seq_len), tf.int32))
         return model
 
-    def build_inputs(self, split, input_context):
+    def build_inputs(self, split, input_context, start_step=0):
         train, val = self.splits
         batch = input_context.get_per_replica_batch_size(self.config.data.global_batch_size)
         window = self.seq_len + 1
         if split == "train":
+            # Window starts are a pure function of (seed, replica batch index), so a
+            # resumed run continues the exact stream of an uninterrupted one.
             data = tf.constant(train)
-            seed = self.config.seed + input_context.input_pipeline_id
-            starts = tf.data.Dataset.random(seed=seed).map(
-                lambda r: r % (len(train) - window + 1))
-            ds = starts.map(lambda s: data[s:s + window])
-            ds = ds.batch(batch, drop_remainder=True)
+            pipelines = input_context.num_input_pipelines
+            pipeline = input_context.input_pipeline_id
+            offsets = tf.range(window, dtype=tf.int64)[tf.newaxis]
+
+            def windows(k):
+                g = k * pipelines + pipeline
+                starts = tf.random.stateless_uniform(
+                    [batch], tf.stack([tf.constant(self.config.seed, tf.int64), g]),
+                    minval=0, maxval=len(train) - window + 1, dtype=tf.int64)
+                return tf.gather(data, starts[:, tf.newaxis] + offsets)
+
+            start = start_step * (input_context.num_replicas_in_sync // pipelines)
+            ds = tf.data.Dataset.range(start, 2**62).map(windows,
+                                                        num_parallel_calls=tf.data.AUTOTUNE)
         else:
             # Consecutive windows; each validation byte is a target exactly once. The
             # last, shorter window becomes a batch of its own.

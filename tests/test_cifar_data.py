@@ -88,14 +88,22 @@ def offline_empty_home(tmp_path, monkeypatch):
 
 
 def test_missing_data_with_source_cifar10_is_an_error(offline_empty_home):
-    empty = offline_empty_home / "empty"
-    empty.mkdir()
-    config = tiny_config(**{"data.source": "cifar10", "data.data_dir": str(empty)})
+    config = tiny_config(**{"data.source": "cifar10", "data.data_dir": ""})
     with pytest.raises(FileNotFoundError) as e:
         cifar10_data.load(config.data)
     message = str(e.value)
-    assert str(empty) in message and "--config.data.data_dir" in message
+    assert str(offline_empty_home / "cache") in message and "--config.data.data_dir" in message
     assert "source=synthetic" in message
+
+
+@pytest.mark.parametrize("source", ["auto", "cifar10"])
+def test_data_dir_with_other_files_is_an_error_not_a_fallback(offline_empty_home, source):
+    other = offline_empty_home / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("not cifar")
+    config = tiny_config(**{"data.source": source, "data.data_dir": str(other)})
+    with pytest.raises(FileNotFoundError, match=r"holds no CIFAR-10 \(\['notes.txt'\]\)"):
+        cifar10_data.load(config.data)
 
 
 def test_auto_falls_back_to_synthetic_loudly(offline_empty_home, caplog):
@@ -110,7 +118,7 @@ def test_random_crop_and_flip_copies_whole_pixel_windows():
     import tensorflow as tf
     from tasks.cifar10 import random_crop_and_flip
     images = np.random.default_rng(4).uniform(0, 255, size=(16, 32, 32, 3)).astype(np.float32)
-    out = random_crop_and_flip(tf.constant(images)).numpy()
+    out = random_crop_and_flip(tf.constant(images), tf.constant([0, 1], tf.int64)).numpy()
     padded = np.pad(images, [(0, 0), (4, 4), (4, 4), (0, 0)])
     moved = 0
     for i in range(len(images)):

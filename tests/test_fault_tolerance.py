@@ -132,3 +132,53 @@ def test_workdir_under_a_file_cannot_be_created(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(PermissionError, match="cannot be created"):
         check_workdir(str(tmp_path / "file" / "run"))
+
+
+def test_train_input_resumes_at_the_step(tmp_path):
+    """Batches from start_step=k are the batches k, k+1, ... of a run from step 0."""
+    config = tiny_config(**{"data.global_batch_size": 8})
+    task = tasks.get_task(config)
+    ctx = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
+                                     num_replicas_in_sync=2)
+    from_zero = list(task.build_inputs("train", ctx, 0).take(10).as_numpy_iterator())
+    from_three = list(task.build_inputs("train", ctx, 3).take(4).as_numpy_iterator())
+    for (x0, y0), (x3, y3) in zip(from_zero[6:], from_three):  # 2 replica batches a step
+        np.testing.assert_array_equal(x0, x3)
+        np.testing.assert_array_equal(y0, y3)
+    epoch = np.concatenate([y for _, y in task.build_inputs("train", ctx).take(
+        1024 // 4).as_numpy_iterator()])
+    assert np.array_equal(np.sort(epoch), np.sort(task.data.train_labels))  # a permutation
+
+
+def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path):
+    args = [sys.executable, "launch.py", "--config=configs/cifar.py", "--mode=train",
+            "--config.data.source=synthetic", "--config.precision=float32",
+            "--config.distribution.strategy=default", "--config.data.global_batch_size=16",
+            "--config.data.synthetic_train_size=256", "--config.data.synthetic_test_size=32",
+            "--config.trainer.steps_per_loop=5", "--config.trainer.log_every=5",
+            "--config.trainer.checkpoint_every=10", "--config.trainer.train_steps=30",
+            "--config.trainer.deterministic=True"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    whole = subprocess.run(args + [f"--workdir={tmp_path / 'whole'}"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+
+    killed = subprocess.Popen(args + [f"--workdir={tmp_path / 'killed'}"], cwd=ROOT, env=env,
+                              stderr=subprocess.PIPE, text=True)
+    for line in killed.stderr:
+        if "step 15/30" in line:  # checkpoint 10 is written, steps 11-15 will be lost
+            killed.kill()
+            break
+    killed.wait(timeout=60)
+    assert checkpoint_steps(tmp_path / "killed") == [10]
+    resumed = subprocess.run(args + [f"--workdir={tmp_path / 'killed'}"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "stale lock" in resumed.stderr and "Restored" in resumed.stderr
+
+    a = tf.train.load_checkpoint(str(tmp_path / "whole" / "checkpoints" / "ckpt-30"))
+    b = tf.train.load_checkpoint(str(tmp_path / "killed" / "checkpoints" / "ckpt-30"))
+    names = list(a.get_variable_to_shape_map())
+    assert len(names) > 10
+    for name in names:
+        np.testing.assert_array_equal(a.get_tensor(name), b.get_tensor(name), err_msg=name)

@@ -23,7 +23,7 @@ class ArrayTask(Task):
         return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
                                  keras.layers.Dense(1, dtype="float32")])
 
-    def build_inputs(self, split, input_context):
+    def build_inputs(self, split, input_context, start_step=0):
         bs = input_context.get_per_replica_batch_size(self.config.data.global_batch_size)
         return tf.data.Dataset.from_tensor_slices((self.x, self.y)).batch(bs, drop_remainder=True)
 

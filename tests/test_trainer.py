@@ -36,24 +36,24 @@ def scalars(workdir, run):
 
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
 def test_training_lowers_the_loss(tmp_path, precision):
-    config = tiny_config(precision=precision, **{"trainer.train_steps": 40,
-                                                 "trainer.eval_every": 40})
+    config = tiny_config(precision=precision, **{"trainer.train_steps": 60,
+                                                 "trainer.eval_every": 60})
     trainer = build(config, tmp_path)
     first_eval = trainer.evaluate()
     final_eval = trainer.train()
     assert keras.mixed_precision.global_policy().name == precision
-    assert final_eval["loss"] < 0.8 * first_eval["loss"]
-    assert final_eval["accuracy"] > 0.4  # chance is 0.1
+    assert final_eval["loss"] < 0.7 * first_eval["loss"]
+    assert final_eval["accuracy"] > 0.5  # chance is 0.1
     train = scalars(tmp_path, "train")
     losses = [v for _, v in sorted(train["loss"])]
     assert losses[-1] < losses[0]
     for tag in ("learning_rate", "loss_scale", "grad_norm", "skipped_steps",
                 "examples_per_sec", "steps_per_sec", "accuracy"):
         assert tag in train, tag
-    assert sorted(s for s, _ in train["loss"]) == [5, 10, 15, 20, 25, 30, 35, 40]
+    assert sorted(s for s, _ in train["loss"]) == list(range(5, 65, 5))
     evals = scalars(tmp_path, "eval")
     assert {"accuracy", "loss"} <= set(evals)
-    assert json.load(open(tmp_path / "config.json"))["trainer"]["train_steps"] == 40
+    assert json.load(open(tmp_path / "config.json"))["trainer"]["train_steps"] == 60
 
 
 def test_resume_continues_from_the_last_checkpoint(tmp_path):

@@ -58,6 +58,10 @@ class Trainer:
         if self.train_steps <= 0:
             raise ValueError(f"trainer.train_steps must be > 0, got {self.train_steps}.")
         self.clip_norm = config.optimizer.clip_norm
+        if config.trainer.deterministic:
+            # With the step-derived input order of the tasks, this makes a resumed
+            # run bitwise equal to an uninterrupted one (on CPU; slower kernels).
+            tf.config.experimental.enable_op_determinism()
         self.policy = keras.mixed_precision.global_policy().name
 
         with strategy.scope():
@@ -181,8 +185,10 @@ class Trainer:
     # ----------------------------------------------------------------- loops
 
     def distributed_dataset(self, split):
+        """Per-replica batches; train starts at the current (restored) step."""
+        start_step = int(self.step.numpy()) if split == "train" else 0
         return self.strategy.distribute_datasets_from_function(
-            lambda ctx: self.task.build_inputs(split, ctx))
+            lambda ctx: self.task.build_inputs(split, ctx, start_step))
 
     def restore(self):
         """Restores the newest readable checkpoint of the workdir; returns its path or None.
