@@ -98,3 +98,39 @@ def test_legacy_keras_env_fails_fast(tmp_path):
     assert run.returncode != 0
     assert "Unset TF_USE_LEGACY_KERAS" in run.stderr
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("config_arg,expected", [
+    ("configs/nope.py", "nope.py"),
+    ("tasks/base.py", "get_config"),
+])
+def test_bad_config_file_is_a_clear_error(tmp_path, config_arg, expected):
+    run = launch(tmp_path / "w", config=config_arg)
+    assert run.returncode != 0
+    assert expected in run.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "w").exists()
+
+
+def test_wrong_type_for_a_field_is_a_clear_error(tmp_path):
+    run = launch(tmp_path / "w", "--config.trainer.train_steps=abc")
+    assert run.returncode != 0
+    assert "train_steps" in run.stderr and "abc" in run.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def test_batch_larger_than_the_dataset(tmp_path):
+    config = tiny_config(**{"data.global_batch_size": 2048})
+    trainer = Trainer(config, tasks.get_task(config), tf.distribute.get_strategy(),
+                      str(tmp_path))
+    with pytest.raises(ValueError, match="global_batch_size=2048 is larger than the 1024"):
+        trainer.train()
+    assert os.listdir(tmp_path) == []
+
+
+def test_second_launch_on_a_busy_workdir_is_refused(tmp_path):
+    from trainer.workdir import WorkdirLock
+    with WorkdirLock(str(tmp_path)):
+        run = launch(tmp_path, *TINY, "--config.trainer.train_steps=4")
+    assert run.returncode != 0
+    assert f"held by pid {os.getpid()}" in run.stderr
+    assert sorted(os.listdir(tmp_path)) == []  # the lock was released; nothing written

@@ -238,13 +238,14 @@ class Trainer:
         """
         self.restore()
         start_step, t_start = int(self.step.numpy()), time.time()
+        iterator = iter(self.distributed_dataset("train"))  # bad data fails before any write
         self._write_start()
         if start_step >= self.train_steps:
             logging.info("Already trained to step %d >= train_steps=%d: nothing to train.",
                          start_step, self.train_steps)
         with _StopOnSignal() as stop:
             try:
-                eval_results = self._host_loop(evaluate, stop)
+                eval_results = self._host_loop(iterator, evaluate, stop)
             except tf.errors.OpError as e:
                 if not self.strategy.extended._in_multi_worker_mode():  # noqa: SLF001
                     raise
@@ -260,10 +261,9 @@ class Trainer:
         self._log_final(start_step, time.time() - t_start, eval_results)
         return eval_results
 
-    def _host_loop(self, evaluate, stop):
+    def _host_loop(self, iterator, evaluate, stop):
         """Compiled chunks of steps; logs, checkpoints and evals at their boundaries."""
         tc = self.config.trainer
-        iterator = iter(self.distributed_dataset("train"))
         boundaries = [tc.steps_per_loop, tc.log_every, tc.checkpoint_every]
         if evaluate:
             boundaries.append(tc.eval_every)

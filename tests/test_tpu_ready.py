@@ -1,0 +1,37 @@
+"""The TPU configs' train steps compile with XLA (static shapes, no ops XLA refuses)."""
+
+import importlib
+
+import keras
+import pytest
+import tensorflow as tf
+
+import tasks
+from conftest import tiny_config
+from trainer import Trainer
+from trainer.precision import set_policy
+
+
+@pytest.mark.parametrize("name,batch", [("cifar_tpu", 8), ("lm_tpu", 2)])
+def test_tpu_config_train_step_compiles_with_xla(tmp_path, name, batch):
+    config = importlib.import_module(f"configs.{name}").get_config()
+    assert config.trainer.jit_compile and config.precision == "mixed_bfloat16"
+    config.distribution.strategy = "default"  # the model and step as on TPU, on the CPU
+    config.data.global_batch_size = batch
+    if name == "cifar_tpu":
+        config.data = tiny_config(**{"data.global_batch_size": batch}).data
+    else:
+        config.data.max_bytes = 200_000
+    config.trainer.update(train_steps=2, steps_per_loop=2, log_every=2, checkpoint_every=2)
+    config.optimizer.warmup_steps = 1
+    set_policy(config.precision, tf.distribute.get_strategy())
+    keras.utils.set_random_seed(0)
+    trainer = Trainer(config, tasks.get_task(config), tf.distribute.get_strategy(),
+                      str(tmp_path))
+    iterator = iter(trainer.distributed_dataset("train"))
+    features, labels = next(iterator)
+    # The XLA program exists only if every op compiles and every shape is static.
+    hlo = trainer._compute_gradients.experimental_get_compiler_ir(features, labels)(stage="hlo")
+    assert "bf16" in hlo
+    trainer.train_loop(iterator, tf.constant(2, tf.int64))
+    assert int(trainer.step.numpy()) == 2 and trainer.loss_scale.skipped_steps.numpy() == 0
