@@ -149,6 +149,19 @@ def synthetic(num_train=50000, num_test=10000, seed=0):
                    synthetic=True)
 
 
+def write_folder(data, folder):
+    """Writes `data` as a cifar-10-batches-py folder (5 train batches, 1 test batch)."""
+    os.makedirs(folder, exist_ok=True)
+    chunks = np.array_split(np.arange(len(data.train_labels)), len(TRAIN_FILES))
+    parts = [(name, data.train_images[i], data.train_labels[i])
+             for name, i in zip(TRAIN_FILES, chunks)]
+    for name, images, labels in parts + [(TEST_FILE, data.test_images, data.test_labels)]:
+        rows = images.transpose(0, 3, 1, 2).reshape(len(images), 3072)
+        with open(os.path.join(folder, name), "wb") as f:
+            pickle.dump({b"data": rows, b"labels": labels.tolist(),
+                         b"batch_label": name.encode()}, f, protocol=2)
+
+
 def load(config):
     """`config` is `config.data`: `source` in SOURCES, `data_dir`."""
     if config.source not in SOURCES:

@@ -1,0 +1,32 @@
+"""The benchmark harness runs end to end on a tiny setting (no timing is asserted)."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_compare_harness_smoke(tmp_path):
+    out = tmp_path / "bench"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.compare", "--task=lm", "--tiny", "--steps=2",
+         "--repeats=2", "--steps_per_loop=1,2", "--fit_steps_per_execution=1,2",
+         "--precisions=float32,mixed_bfloat16", f"--out={out}"],
+        cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
+        text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.load(open(out / "results.json"))
+    assert set(results["precisions"]) == {"float32", "mixed_bfloat16"}
+    names = [r["contender"] for r in results["precisions"]["float32"]]
+    assert names == ["Trainer spl=100", "fit spe=1", "fit spe=2", "bare loop"]
+    for rows in list(results["precisions"].values()) + [results["steps_per_loop"],
+                                                       results["input_pipeline"]]:
+        for r in rows:
+            assert 0 < r["min"] <= r["examples_per_sec"] <= r["max"]
+            assert r["tokens_per_sec"] == r["examples_per_sec"] * 32
+    assert [r["contender"] for r in results["steps_per_loop"]] == ["Trainer spl=1",
+                                                                  "Trainer spl=2"]
+    assert "| bare loop |" in run.stdout and "tokens/s" in run.stdout
+    assert (out / "results.png").stat().st_size > 1000
