@@ -95,10 +95,15 @@ def peak_rss_mb():
 
 
 class Contender:
-    """Something that runs `steps` training steps; `run` returns seconds taken."""
+    """Runs `steps` training steps per call of `run`, which returns the seconds taken.
 
-    def __init__(self, name, run):
+    `steps` is FLAGS.steps rounded up to a multiple of the steps the contender
+    runs per host call, so no call runs a partial chunk.
+    """
+
+    def __init__(self, name, run, steps_per_call=1):
         self.name, self.run, self.seconds, self.rss_growth_mb = name, run, [], 0.0
+        self.steps = -(-FLAGS.steps // steps_per_call) * steps_per_call
 
 
 def trainer_contender(name, config, task, strategy, steps_per_loop, workdir):
@@ -111,12 +116,11 @@ def trainer_contender(name, config, task, strategy, steps_per_loop, workdir):
 
     def run(steps):
         t0 = time.perf_counter()
-        for done in range(0, steps, steps_per_loop):
-            trainer.train_loop(iterator, tf.constant(min(steps_per_loop, steps - done),
-                                                     tf.int64))
+        for _ in range(steps // steps_per_loop):
+            trainer.train_loop(iterator, tf.constant(steps_per_loop, tf.int64))
         trainer.step.numpy()  # wait for the device
         return time.perf_counter() - t0
-    return Contender(name, run)
+    return Contender(name, run, steps_per_loop)
 
 
 def fit_contender(config, task, strategy, batches, steps_per_execution):
@@ -133,7 +137,7 @@ def fit_contender(config, task, strategy, batches, steps_per_execution):
         t0 = time.perf_counter()
         model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
         return time.perf_counter() - t0
-    return Contender(f"fit spe={steps_per_execution}", run)
+    return Contender(f"fit spe={steps_per_execution}", run, steps_per_execution)
 
 
 def bare_contender(config, task, strategy, batches):
@@ -162,19 +166,19 @@ def bare_contender(config, task, strategy, batches):
     return Contender("bare loop", run)
 
 
-def measure(contenders, steps, repeats):
+def measure(contenders, repeats):
     """Warm-up round, then `repeats` rounds alternating the contenders."""
     for c in contenders:
         before = peak_rss_mb()
-        c.run(steps)
+        c.run(c.steps)
         c.rss_growth_mb = peak_rss_mb() - before
     for _ in range(repeats):
         for c in contenders:
-            c.seconds.append(c.run(steps))
+            c.seconds.append(c.run(c.steps))
 
 
-def summarize(c, steps, batch, tokens_per_example):
-    rates = sorted(steps * batch / s for s in c.seconds)
+def summarize(c, batch, tokens_per_example):
+    rates = sorted(c.steps * batch / s for s in c.seconds)
     row = {"contender": c.name, "examples_per_sec": statistics.median(rates),
            "min": rates[0], "max": rates[-1], "peak_rss_growth_mb": round(c.rss_growth_mb, 1)}
     if tokens_per_example:
@@ -197,9 +201,9 @@ def run_precision(precision, config, strategy, workdir):
     contenders += [fit_contender(config, task, strategy, batches, int(k))
                    for k in FLAGS.fit_steps_per_execution]
     contenders.append(bare_contender(config, task, strategy, batches))
-    measure(contenders, FLAGS.steps, FLAGS.repeats)
+    measure(contenders, FLAGS.repeats)
     batch = config.data.global_batch_size
-    return [summarize(c, FLAGS.steps, batch, task.tokens_per_example) for c in contenders], task
+    return [summarize(c, batch, task.tokens_per_example) for c in contenders], task
 
 
 def run_sweeps(config, strategy, task, workdir):
@@ -213,12 +217,11 @@ def run_sweeps(config, strategy, task, workdir):
                                   os.path.join(workdir, "pipe", "mem")),
                 trainer_contender("real input pipeline", config, task, strategy, spl,
                                   os.path.join(workdir, "pipe", "real"))]
-    steps = max(FLAGS.steps, max(int(k) for k in FLAGS.steps_per_loop))
-    measure(sweep, steps, FLAGS.repeats)
-    measure(pipeline, FLAGS.steps, FLAGS.repeats)
+    measure(sweep, FLAGS.repeats)
+    measure(pipeline, FLAGS.repeats)
     batch = config.data.global_batch_size
-    return ([summarize(c, steps, batch, task.tokens_per_example) for c in sweep],
-            [summarize(c, FLAGS.steps, batch, task.tokens_per_example) for c in pipeline])
+    return ([summarize(c, batch, task.tokens_per_example) for c in sweep],
+            [summarize(c, batch, task.tokens_per_example) for c in pipeline])
 
 
 def markdown(title, rows, ratio_to=None):
@@ -290,7 +293,7 @@ def main(argv):
     text.append(markdown(f"Trainer steps_per_loop ({sweep_precision})", sweep))
     text.append(markdown(f"Input pipeline ({sweep_precision}): ratio to in-memory", pipeline))
     report = f"## {results['task']} / {results['model']}, global batch {results['batch']}, " \
-             f"{FLAGS.steps} steps x {FLAGS.repeats} repeats\n\n" + "\n".join(text)
+             f">= {FLAGS.steps} steps x {FLAGS.repeats} repeats\n\n" + "\n".join(text)
     print(report)
     with open(os.path.join(FLAGS.out, "results.json"), "w") as f:
         json.dump(results, f, indent=2)

@@ -32,13 +32,18 @@ def tiny_config(**overrides):
     c.distribution.strategy = "default"
     c.trainer.update(train_steps=20, steps_per_loop=5, log_every=5, eval_every=10,
                      checkpoint_every=10)
+    return override(c, **overrides)
+
+
+def override(config, **overrides):
+    """Sets dotted fields, e.g. override(c, **{"trainer.train_steps": 5})."""
     for key, value in overrides.items():
-        node = c
+        node = config
         *parents, leaf = key.split(".")
         for p in parents:
             node = node[p]
         node[leaf] = value
-    return c
+    return config
 
 
 @pytest.fixture(autouse=True)

@@ -117,14 +117,15 @@ def test_auto_falls_back_to_synthetic_loudly(offline_empty_home, caplog):
 def test_random_crop_and_flip_copies_whole_pixel_windows():
     import tensorflow as tf
     from tasks.cifar10 import random_crop_and_flip
-    images = np.random.default_rng(4).uniform(0, 255, size=(16, 32, 32, 3)).astype(np.float32)
+    images = np.random.default_rng(4).integers(0, 256, size=(16, 32, 32, 3), dtype=np.uint8)
     out = random_crop_and_flip(tf.constant(images), tf.constant([0, 1], tf.int64)).numpy()
+    assert out.dtype == np.uint8
     padded = np.pad(images, [(0, 0), (4, 4), (4, 4), (0, 0)])
     moved = 0
     for i in range(len(images)):
         windows = [(dy, dx, f) for dy in range(9) for dx in range(9) for f in (False, True)
-                   if np.allclose(out[i], (lambda w: w[:, ::-1] if f else w)(
-                       padded[i, dy:dy + 32, dx:dx + 32]), atol=1e-3)]
+                   if np.array_equal(out[i], (lambda w: w[:, ::-1] if f else w)(
+                       padded[i, dy:dy + 32, dx:dx + 32]))]
         assert windows, f"image {i} is not a pad-4 crop (or its mirror) of the input"
         moved += windows[0][:2] != (4, 4) or windows[0][2]
     assert moved > 8  # augmentation really moves most images

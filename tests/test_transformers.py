@@ -13,7 +13,7 @@ import tensorflow as tf
 import tasks
 from configs import lm as lm_config
 from configs import vit_cifar
-from conftest import tiny_config, two_replicas
+from conftest import override, tiny_config, two_replicas
 from tasks.lm import ByteLM
 from trainer import Trainer
 from trainer.precision import set_policy
@@ -34,13 +34,7 @@ def tiny_lm(tmp_path, text=TEXT, **overrides):
     c.optimizer.update(learning_rate=3e-3, warmup_steps=10)
     c.trainer.update(train_steps=150, steps_per_loop=50, log_every=50, eval_every=150,
                      checkpoint_every=150)
-    for key, value in overrides.items():
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return c
+    return override(c, **overrides)
 
 
 def build(config, workdir, strategy=None):

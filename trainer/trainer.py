@@ -90,6 +90,7 @@ class Trainer:
         # Multi-worker: every worker takes part in a save, but only the chief writes
         # the workdir; the others save to a temporary directory that is then removed.
         self.is_chief = strategy.extended.should_checkpoint
+        self._multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
         self.checkpoint_dir = os.path.join(workdir, "checkpoints")
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
                                               loss_scale=self.loss_scale, step=self.step)
@@ -136,7 +137,10 @@ class Trainer:
             grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=grad_norm)
         replica.merge_call(self._apply_if_finite, args=(grads, finite))
 
-        self.train_metrics[0].update_state(loss * tf.cast(replica.num_replicas_in_sync, tf.float32))
+        # `loss` is this replica's share of the global mean: the Mean over replicas of
+        # share * replicas is the global mean.
+        self.train_metrics[0].update_state(
+            loss * tf.cast(replica.num_replicas_in_sync, tf.float32))
         self.task.update_metrics(self.train_metrics[1:], labels, outputs)
         self.grad_norm.update_state(grad_norm, sample_weight=tf.cast(finite, tf.float32))
 
@@ -247,7 +251,7 @@ class Trainer:
             try:
                 eval_results = self._host_loop(iterator, evaluate, stop)
             except tf.errors.OpError as e:
-                if not self.strategy.extended._in_multi_worker_mode():  # noqa: SLF001
+                if not self._multi_worker:
                     raise
                 raise RuntimeError(
                     f"A peer worker failed or became unreachable near step "
@@ -301,7 +305,7 @@ class Trainer:
 
     def _any_worker(self, flag):
         """True on every worker if `flag` is True on any (keeps workers in lockstep)."""
-        if not self.strategy.extended._in_multi_worker_mode():  # noqa: SLF001
+        if not self._multi_worker:
             return flag
         return bool(self._sum_over_replicas(tf.constant(int(flag))))
 
