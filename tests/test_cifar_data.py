@@ -129,3 +129,13 @@ def test_random_crop_and_flip_copies_whole_pixel_windows():
         assert windows, f"image {i} is not a pad-4 crop (or its mirror) of the input"
         moved += windows[0][:2] != (4, 4) or windows[0][2]
     assert moved > 8  # augmentation really moves most images
+
+
+def test_fused_augmentation_equals_the_op_by_op_one():
+    import tensorflow as tf
+    from tasks.cifar10 import augment_and_normalize, normalize, random_crop_and_flip
+    images = tf.constant(np.random.default_rng(5).integers(0, 256, (8, 32, 32, 3), np.uint8))
+    seed = tf.constant([3, 4], tf.int64)
+    np.testing.assert_allclose(augment_and_normalize(images, seed).numpy(),
+                               normalize(random_crop_and_flip(images, seed)).numpy(),
+                               rtol=1e-6, atol=1e-6)
