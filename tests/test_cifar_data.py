@@ -114,12 +114,7 @@ def test_auto_falls_back_to_synthetic_loudly(offline_empty_home, caplog):
     assert any("SYNTHETIC" in r.getMessage() for r in caplog.records)
 
 
-def test_random_crop_and_flip_copies_whole_pixel_windows():
-    import tensorflow as tf
-    from tasks.cifar10 import random_crop_and_flip
-    images = np.random.default_rng(4).integers(0, 256, size=(16, 32, 32, 3), dtype=np.uint8)
-    out = random_crop_and_flip(tf.constant(images), tf.constant([0, 1], tf.int64)).numpy()
-    assert out.dtype == np.uint8
+def assert_pad4_crops_or_mirrors(images, out):
     padded = np.pad(images, [(0, 0), (4, 4), (4, 4), (0, 0)])
     moved = 0
     for i in range(len(images)):
@@ -128,14 +123,25 @@ def test_random_crop_and_flip_copies_whole_pixel_windows():
                        padded[i, dy:dy + 32, dx:dx + 32]))]
         assert windows, f"image {i} is not a pad-4 crop (or its mirror) of the input"
         moved += windows[0][:2] != (4, 4) or windows[0][2]
-    assert moved > 8  # augmentation really moves most images
+    assert moved > len(images) // 2  # augmentation really moves most images
 
 
-def test_fused_augmentation_equals_the_op_by_op_one():
+def test_random_crop_and_flip_copies_whole_pixel_windows():
     import tensorflow as tf
-    from tasks.cifar10 import augment_and_normalize, normalize, random_crop_and_flip
-    images = tf.constant(np.random.default_rng(5).integers(0, 256, (8, 32, 32, 3), np.uint8))
+    from tasks.cifar10 import random_crop_and_flip
+    images = np.random.default_rng(4).integers(0, 256, size=(16, 32, 32, 3), dtype=np.uint8)
+    out = random_crop_and_flip(tf.constant(images), tf.constant([0, 1], tf.int64)).numpy()
+    assert out.dtype == np.uint8
+    assert_pad4_crops_or_mirrors(images, out)
+
+
+def test_fused_augmentation_crops_flips_and_normalizes():
+    """The XLA-compiled version draws its own random numbers, so it is checked by property."""
+    import tensorflow as tf
+    from tasks.cifar10 import MEAN, STD, augment_and_normalize
+    images = np.random.default_rng(5).integers(0, 256, (16, 32, 32, 3), np.uint8)
     seed = tf.constant([3, 4], tf.int64)
-    np.testing.assert_allclose(augment_and_normalize(images, seed).numpy(),
-                               normalize(random_crop_and_flip(images, seed)).numpy(),
-                               rtol=1e-6, atol=1e-6)
+    out = augment_and_normalize(tf.constant(images), seed).numpy()
+    np.testing.assert_array_equal(out, augment_and_normalize(tf.constant(images), seed).numpy())
+    pixels = np.rint(out * np.array(STD) + np.array(MEAN)).astype(np.uint8)
+    assert_pad4_crops_or_mirrors(images, pixels)
