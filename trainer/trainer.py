@@ -102,6 +102,7 @@ class Trainer:
         self.train_loop = tf.function(self._train_loop_fn)
         self.eval_loop = tf.function(self._eval_loop_fn)
         self._writers = {}
+        self._eval_dataset = None  # built on the first evaluation, reused after
 
     # ----------------------------------------------------------------- steps
 
@@ -225,7 +226,7 @@ class Trainer:
         """One full pass over the eval split; returns {metric name: float}."""
         for m in self.eval_metrics:
             m.reset_state()
-        if not hasattr(self, "_eval_dataset"):
+        if self._eval_dataset is None:
             self._eval_dataset = self.distributed_dataset("eval")
         self.eval_loop(self._eval_dataset)
         results = {m.name: float(m.result()) for m in self.eval_metrics}
