@@ -42,6 +42,9 @@ def get_config():
         tpu="",                    # TPU name or grpc:// address
         collective_timeout_seconds=600))  # multi_worker: a peer silent this long is an error
 
+    # Intervals count steps. steps_per_loop >= 1 (steps per compiled host call); for
+    # eval_every, checkpoint_every and log_every, 0 means never except at the end of
+    # training (the last step always logs, checkpoints and, in train_and_eval, evaluates).
     c.trainer = ml_collections.ConfigDict(dict(
         train_steps=10 * TRAIN_EXAMPLES // 512,  # about 10 epochs
         steps_per_loop=50,

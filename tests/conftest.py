@@ -1,5 +1,6 @@
 """Two logical CPU devices (for MirroredStrategy tests) and small configs."""
 
+import functools
 import os
 import sys
 
@@ -17,7 +18,11 @@ tf.config.set_logical_device_configuration(
 from configs import cifar  # noqa: E402
 
 
+@functools.lru_cache(maxsize=None)
 def two_replicas():
+    """One MirroredStrategy for the whole session: separate instances in one process
+    reuse collective instance keys, and a later one then trips over an earlier one's
+    shapes ("Shape mismatch in the collective instance")."""
     return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 

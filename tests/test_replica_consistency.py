@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import tasks
 from conftest import tiny_config, two_replicas
 from tasks.base import Task
 from trainer import Trainer
@@ -12,16 +13,20 @@ from trainer import Trainer
 PER_REPLICA = 4
 
 
+def dense_model():
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
+                             keras.layers.Dense(1, dtype="float32")])
+
+
 class ArrayTask(Task):
     """Regression on fixed arrays, batches served in order (replica 0, replica 1, ...)."""
 
-    def __init__(self, config, x, y):
+    def __init__(self, config, x, y, model_fn=dense_model):
         super().__init__(config)
-        self.x, self.y = x, y
+        self.x, self.y, self.model_fn = x, y, model_fn
 
     def build_model(self):
-        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
-                                 keras.layers.Dense(1, dtype="float32")])
+        return self.model_fn()
 
     def build_inputs(self, split, input_context, start_step=0):
         bs = input_context.get_per_replica_batch_size(self.config.data.global_batch_size)
@@ -37,20 +42,21 @@ class ArrayTask(Task):
         pass
 
 
-def make_trainer(strategy, x, y, tmp_path, precision="float32", **overrides):
+def make_trainer(strategy, x, y, tmp_path, precision="float32", model_fn=dense_model,
+                 **overrides):
     keras.mixed_precision.set_global_policy(precision)
     keras.utils.set_random_seed(1)
     config = tiny_config(**{"data.global_batch_size": 2 * PER_REPLICA,
                             "optimizer.name": "sgd", "optimizer.learning_rate": 0.1,
                             "optimizer.momentum": 0.0, **overrides})
-    trainer = Trainer(config, ArrayTask(config, x, y), strategy, str(tmp_path))
+    trainer = Trainer(config, ArrayTask(config, x, y, model_fn), strategy, str(tmp_path))
     return trainer, iter(trainer.distributed_dataset("train"))
 
 
-def replica_weights(trainer):
-    """[replica][variable] numpy arrays."""
-    per_var = [trainer.strategy.experimental_local_results(v.value)
-               for v in trainer.model.trainable_variables]
+def replica_weights(trainer, variables=None):
+    """[replica][variable] numpy arrays (trainable variables unless `variables`)."""
+    variables = trainer.model.trainable_variables if variables is None else variables
+    per_var = [trainer.strategy.experimental_local_results(v.value) for v in variables]
     return [[r[i].numpy() for r in per_var] for i in range(len(per_var[0]))]
 
 
@@ -102,3 +108,137 @@ def test_two_replicas_match_one_replica(tmp_path, clip_norm):
         assert grad_norm > 0
     for one, two in zip(*results):
         np.testing.assert_allclose(one, two, rtol=1e-5, atol=1e-6)
+
+
+def test_batch_norm_statistics_are_identical_on_every_replica(tmp_path):
+    """BN's moving statistics are per-replica variables in Keras 3; the step averages them."""
+    config = tiny_config(**{"model.name": "resnet", "model.width": 4,
+                            "model.blocks_per_stage": 1, "data.global_batch_size": 16})
+    keras.utils.set_random_seed(0)
+    trainer = Trainer(config, tasks.get_task(config), two_replicas(), str(tmp_path))
+    it = iter(trainer.distributed_dataset("train"))
+    trainer.train_loop(it, tf.constant(3, tf.int64))
+    stats = [v for v in trainer.model.variables if "moving_" in v.path]
+    assert len(stats) >= 6
+    r0, r1 = replica_weights(trainer, trainer.model.variables)
+    for v, a, b in zip(trainer.model.variables, r0, r1):
+        np.testing.assert_array_equal(a, b, err_msg=v.path)
+    moved = [a for v, a in zip(trainer.model.variables, r0) if v.path.endswith("moving_mean")]
+    assert any(np.abs(m).max() > 0 for m in moved)  # the statistics did move
+
+
+def batch_norm_model():
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
+                             keras.layers.BatchNormalization(), keras.layers.Activation("tanh"),
+                             keras.layers.Dense(1, dtype="float32")])
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_skipped_step_changes_no_variable(tmp_path, replicas):
+    x, y = data(3, np.random.default_rng(2))
+    x[2 * PER_REPLICA + 1] = np.inf  # step 2's batch: a non-finite forward pass
+    strategy = two_replicas() if replicas == 2 else tf.distribute.get_strategy()
+    trainer, it = make_trainer(strategy, x, y, tmp_path, model_fn=batch_norm_model,
+                               **{"trainer.max_nonfinite_steps": 5})
+    trainer.train_loop(it, tf.constant(1, tf.int64))
+    before = replica_weights(trainer, trainer.model.variables)
+    trainer.train_loop(it, tf.constant(1, tf.int64))
+    for r, (b, a) in enumerate(zip(before, replica_weights(trainer, trainer.model.variables))):
+        for v, vb, va in zip(trainer.model.variables, b, a):
+            np.testing.assert_array_equal(va, vb, err_msg=f"{v.path} replica {r}")
+    assert int(trainer.loss_scale.skipped_steps.numpy()) == 1
+    trainer._check_finite(2)  # within max_nonfinite_steps: training goes on
+    trainer.train_loop(it, tf.constant(1, tf.int64))
+    after = replica_weights(trainer, trainer.model.variables)[0]
+    for v, vb, va in zip(trainer.model.variables, before[0], after):
+        assert not np.array_equal(va, vb), f"{v.path} not updated by the next step"
+    assert int(trainer.optimizer.iterations.numpy()) == 2
+
+
+def embedding_model():
+    return keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(5, 2),
+                             keras.layers.Flatten(), keras.layers.Dense(1, dtype="float32")])
+
+
+def test_sparse_gradients_clip_like_dense_ones(tmp_path):
+    """Embedding gradients (IndexedSlices) with duplicate indices: the norm that clips is
+    the norm of the summed (dense) gradient, and 2 replicas train like 1."""
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 2, size=(2 * 2 * PER_REPLICA, 3)).astype(np.int32)  # many duplicates
+    y = rng.normal(size=(len(x), 1)).astype(np.float32) * 10
+    results = []
+    for name, strategy in [("one", tf.distribute.get_strategy()), ("two", two_replicas())]:
+        trainer, it = make_trainer(strategy, x, y, tmp_path / name, model_fn=embedding_model,
+                                   **{"optimizer.clip_norm": 0.1})
+        batch = slice(0, 2 * PER_REPLICA)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(trainer.model(x[batch]) - y[batch]))
+        dense = [tf.convert_to_tensor(g) for g in tape.gradient(
+            loss, trainer.model.trainable_variables)]
+        trainer.train_loop(it, tf.constant(1, tf.int64))
+        np.testing.assert_allclose(trainer.grad_norm.result().numpy(),
+                                   tf.linalg.global_norm(dense).numpy(), rtol=1e-5)
+        assert trainer.grad_norm.result().numpy() > 0.1  # clipping was active
+        trainer.train_loop(it, tf.constant(1, tf.int64))
+        results.append([v.numpy() for v in trainer.model.trainable_variables])
+    for one, two in zip(*results):
+        np.testing.assert_allclose(one, two, rtol=1e-5, atol=1e-6)
+
+
+def test_replicas_draw_distinct_dropout_masks(tmp_path):
+    x = np.ones((2 * PER_REPLICA, 3), np.float32)  # the same examples on both replicas
+    model_fn = lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(64),
+                                         keras.layers.Dropout(0.5),
+                                         keras.layers.Dense(1, dtype="float32")])
+    trainer, _ = make_trainer(two_replicas(), x, x[:, :1], tmp_path, model_fn=model_fn)
+
+    @tf.function
+    def masks():
+        def forward():
+            trainer._reseed(tf.distribute.get_replica_context().replica_id_in_sync_group)
+            return trainer.model.layers[1](trainer.model.layers[0](x[:1]), training=True)
+        return trainer.strategy.run(forward)
+
+    r0, r1 = (t.numpy() for t in trainer.strategy.experimental_local_results(masks()))
+    assert not np.array_equal(r0 == 0, r1 == 0)
+
+
+def test_grad_norm_of_a_window_with_a_skipped_step_is_the_mean_of_the_finite_ones(tmp_path):
+    x, y = data(3, np.random.default_rng(4))
+    x[2 * PER_REPLICA] = np.inf  # step 2 is skipped
+    overrides = {"trainer.max_nonfinite_steps": 5}
+    stepwise, it = make_trainer(two_replicas(), x, y, tmp_path / "a", **overrides)
+    norms = []
+    for _ in range(3):
+        stepwise.train_loop(it, tf.constant(1, tf.int64))
+        norms.append(stepwise.grad_norm.result().numpy())
+        stepwise.grad_norm.reset_state()
+    window, it = make_trainer(two_replicas(), x, y, tmp_path / "b", **overrides)
+    window.train_loop(it, tf.constant(3, tf.int64))
+    assert int(window.loss_scale.skipped_steps.numpy()) == 1
+    logged = window.grad_norm.result().numpy()
+    assert np.isfinite(logged)
+    np.testing.assert_allclose(logged, (norms[0] + norms[2]) / 2, rtol=1e-6)
+
+
+def test_the_schedule_follows_the_step_and_ends_at_train_steps(tmp_path):
+    """Skipped steps count: a cosine schedule reaches 0 at train_steps all the same."""
+    steps = 6
+    x, y = data(steps, np.random.default_rng(5))
+    x[0] = np.inf  # the first step is skipped
+    trainer, _ = make_trainer(tf.distribute.get_strategy(), x, y, tmp_path, **{
+        "trainer.train_steps": steps, "trainer.max_nonfinite_steps": 5,
+        "optimizer.schedule": "cosine", "optimizer.warmup_steps": 0})
+    trainer.train(evaluate=False)
+    assert int(trainer.step.numpy()) == steps
+    assert int(trainer.optimizer.iterations.numpy()) == steps - 1
+    assert float(tf.convert_to_tensor(trainer.optimizer.learning_rate)) == pytest.approx(0.0)
+
+
+def test_a_renamed_keras_hook_fails_at_optimizer_build(monkeypatch):
+    """Were Keras to rename the method, gradients would silently be reduced twice."""
+    from trainer import optimizers
+    monkeypatch.setattr(optimizers, "ALL_REDUCE_HOOK", "_all_reduce_renamed")
+    config = tiny_config()
+    with pytest.raises(RuntimeError, match="_all_reduce_renamed.*pinned in pyproject"):
+        optimizers.build_optimizer(config.optimizer, 10, tf.Variable(0, dtype=tf.int64))

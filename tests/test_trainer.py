@@ -102,3 +102,23 @@ def test_eval_sees_every_example_once_with_two_replicas(tmp_path):
     np.testing.assert_allclose(results["loss"], expected_loss, rtol=1e-5)
     np.testing.assert_allclose(results["accuracy"], expected_accuracy, rtol=1e-6)
     assert trainer.evaluate() == results  # a second pass counts the same examples again
+
+
+def test_zero_intervals_mean_only_at_the_end(tmp_path):
+    config = tiny_config(**{"trainer.train_steps": 12, "trainer.log_every": 0,
+                            "trainer.checkpoint_every": 0, "trainer.eval_every": 0})
+    trainer = build(config, tmp_path)
+    results = trainer.train()
+    assert int(trainer.step.numpy()) == 12 and results["num_examples"] == 200
+    assert tf.train.get_checkpoint_state(tmp_path / "checkpoints").all_model_checkpoint_paths \
+        == [str(tmp_path / "checkpoints" / "ckpt-12")]
+    assert sorted(s for s, _ in scalars(tmp_path, "train")["loss"]) == [12]
+    assert sorted(s for s, _ in scalars(tmp_path, "eval")["loss"]) == [12]
+
+
+@pytest.mark.parametrize("field,value", [("steps_per_loop", 0), ("log_every", -1),
+                                         ("checkpoint_every", -5)])
+def test_bad_intervals_are_clear_errors(tmp_path, field, value):
+    config = tiny_config(**{f"trainer.{field}": value})
+    with pytest.raises(ValueError, match=rf"trainer.{field}={value}.*integer"):
+        build(config, tmp_path)

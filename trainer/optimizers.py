@@ -4,36 +4,72 @@ import keras
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
+# The one private Keras hook the Trainer touches (see `disable_keras_all_reduce`).
+ALL_REDUCE_HOOK = "_all_reduce_sum_gradients"
 
 
-def build_learning_rate(config, train_steps):
-    """Constant, or linear warmup to `learning_rate` then cosine decay to 0."""
+def build_learning_rate(config, train_steps, step):
+    """The rate as a function of the Trainer's `step` variable (a zero-argument callable).
+
+    Constant, or linear warmup to `learning_rate` then cosine decay to 0 at
+    `train_steps`. Driven by `step`, which counts every step, skipped ones
+    included, like `train_steps`, logs and checkpoints; not by
+    `optimizer.iterations`, which counts applied updates only and would lag
+    behind after skipped steps (Adam's bias correction still uses it, as it
+    should). Being a callable, the rate is not an optimizer variable: a
+    checkpoint never carries an old rate into a run with another config.
+    """
     if config.schedule not in SCHEDULES:
         raise ValueError(f"config.optimizer.schedule={config.schedule!r} is unknown; "
                          f"choose one of {SCHEDULES}.")
     if config.schedule == "constant":
-        return config.learning_rate
+        rate = float(config.learning_rate)
+        return lambda: rate
     warmup = int(config.warmup_steps)
     if not 0 <= warmup < train_steps:
         raise ValueError(f"config.optimizer.warmup_steps={warmup} must be in "
                          f"[0, trainer.train_steps={train_steps}).")
-    return keras.optimizers.schedules.CosineDecay(
+    schedule = keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0 if warmup else config.learning_rate,
         decay_steps=train_steps - warmup,
         warmup_target=config.learning_rate if warmup else None,
         warmup_steps=warmup)
+    return lambda: schedule(step)
 
 
-def build_optimizer(config, train_steps):
-    """`config` is `config.optimizer`. Clipping is not set here: the Trainer
-    clips by the global norm of the reduced gradients (Keras' clipnorm would
-    clip each replica's local gradients)."""
-    lr = build_learning_rate(config, train_steps)
+def build_optimizer(config, train_steps, step):
+    """`config` is `config.optimizer`; `step` drives the learning rate.
+
+    Clipping is not set here: the Trainer clips by the global norm of the
+    reduced gradients (Keras' clipnorm would clip each replica's local
+    gradients)."""
+    lr = build_learning_rate(config, train_steps, step)
     if config.name == "adam":
-        return keras.optimizers.Adam(lr)
-    if config.name == "adamw":
-        return keras.optimizers.AdamW(lr, weight_decay=config.weight_decay)
-    if config.name == "sgd":
-        return keras.optimizers.SGD(lr, momentum=config.momentum, nesterov=config.nesterov)
-    raise ValueError(f"config.optimizer.name={config.name!r} is unknown; "
-                     f"choose one of {OPTIMIZERS}.")
+        optimizer = keras.optimizers.Adam(lr)
+    elif config.name == "adamw":
+        optimizer = keras.optimizers.AdamW(lr, weight_decay=config.weight_decay)
+    elif config.name == "sgd":
+        optimizer = keras.optimizers.SGD(lr, momentum=config.momentum, nesterov=config.nesterov)
+    else:
+        raise ValueError(f"config.optimizer.name={config.name!r} is unknown; "
+                         f"choose one of {OPTIMIZERS}.")
+    return disable_keras_all_reduce(optimizer)
+
+
+def disable_keras_all_reduce(optimizer):
+    """Makes `optimizer.apply` use the gradients as given, without all-reducing them.
+
+    The Trainer all-reduces gradients itself, once, before it decides
+    finiteness and clips; Keras' TensorFlow optimizer would all-reduce them a
+    second time inside `apply` (in replica context). Keras has no public
+    switch for this, so we replace its private method on the instance, and
+    fail here, loudly, if a Keras release renamed it: otherwise gradients
+    would silently be summed twice.
+    """
+    if not callable(getattr(type(optimizer), ALL_REDUCE_HOOK, None)):
+        raise RuntimeError(
+            f"{type(optimizer).__name__} has no {ALL_REDUCE_HOOK}: this Keras "
+            f"({keras.__version__}) changed the hook the Trainer uses to avoid reducing "
+            "gradients twice. Install the Keras version pinned in pyproject.toml.")
+    setattr(optimizer, ALL_REDUCE_HOOK, lambda grads_and_vars: list(grads_and_vars))
+    return optimizer

@@ -29,6 +29,9 @@ def _step_variable(name):
                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
 
+SEED_STATE_NAME = "seed_generator_state"  # what keras.random.SeedGenerator names its state
+
+
 def _format_duration(seconds):
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
@@ -57,6 +60,7 @@ class Trainer:
                 f"to a multiple of {replicas}.")
         if self.train_steps <= 0:
             raise ValueError(f"trainer.train_steps must be > 0, got {self.train_steps}.")
+        check_intervals(config.trainer)
         self.clip_norm = config.optimizer.clip_norm
         if config.trainer.deterministic:
             # With the step-derived input order of the tasks, this makes a resumed
@@ -66,25 +70,28 @@ class Trainer:
 
         with strategy.scope():
             self.model = task.build_model()
-            self.optimizer = build_optimizer(config.optimizer, self.train_steps)
+            self.step = _step_variable("global_step")
+            self.optimizer = build_optimizer(config.optimizer, self.train_steps, self.step)
             # Slots are created lazily; build them now so a restore fills them.
             self.optimizer.build(self.model.trainable_variables)
-            # The Trainer all-reduces gradients itself (once) before deciding
-            # finiteness and clipping; Keras' apply would all-reduce them a second
-            # time in replica context. This is the only private hook we touch.
-            self.optimizer._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
             self.loss_scale = LossScale(
                 enabled=self.policy == "mixed_float16",
                 dynamic=config.loss_scale.dynamic,
                 initial_scale=config.loss_scale.initial_scale,
                 growth_steps=config.loss_scale.growth_steps)
-            self.step = _step_variable("global_step")
             self.nonfinite_streak = _step_variable("nonfinite_streak")  # not checkpointed
             self.train_metrics = [keras.metrics.Mean("loss")] + task.build_metrics()
             self.grad_norm = keras.metrics.Mean("grad_norm")
             self.eval_metrics = ([keras.metrics.Mean("loss"), keras.metrics.Sum("num_examples")]
                                  + task.build_metrics())
 
+        # Keras' dropout draws from SeedGenerator variables; the Trainer sets them at
+        # each step from (seed, step, replica), see `_reseed`. The non-trainable
+        # float variables are state the forward pass updates (BN statistics).
+        self.seed_states = [v for v in self.model.non_trainable_variables
+                            if v.path.endswith(SEED_STATE_NAME)]
+        self.state_variables = [v for v in self.model.non_trainable_variables
+                                if tf.as_dtype(v.dtype).is_floating]
         self.max_nonfinite_steps = int(config.trainer.max_nonfinite_steps or (
             100 if self.loss_scale.enabled else 1))
         # Multi-worker: every worker takes part in a save, but only the chief writes
@@ -126,13 +133,27 @@ class Trainer:
 
     def train_step(self, features, labels):
         """One training step on one replica (run under `strategy.run`)."""
-        outputs, loss, scaled_grads = self._compute_gradients(features, labels)
         replica = tf.distribute.get_replica_context()
-        # The step's only gradient all-reduce. After it every replica holds the
-        # same gradients, so the finiteness decision below is the same everywhere.
+        self._reseed(replica.replica_id_in_sync_group)
+        state_before = [tf.identity(v.value) for v in self.state_variables]
+        outputs, loss, scaled_grads = self._compute_gradients(features, labels)
+        # Sparse gradients (embedding lookups) become dense: all_reduce would
+        # concatenate IndexedSlices instead of summing them, and the global norm
+        # of a concatenation with duplicate indices is not the norm of the sum.
+        scaled_grads = [tf.convert_to_tensor(g) for g in scaled_grads]
+        # The step's one gradient all-reduce.
         scaled_grads = replica.all_reduce(tf.distribute.ReduceOp.SUM, scaled_grads)
+        # The state the forward pass updated on each replica from its own examples
+        # (BN statistics) is averaged, so every replica keeps the same values.
+        state_mean = replica.all_reduce(
+            tf.distribute.ReduceOp.MEAN, [tf.identity(v.value) for v in self.state_variables]
+        ) if self.state_variables else []
+        # After the all-reduce every replica holds the same values, so the
+        # finiteness decision below is the same everywhere.
         grads = self.loss_scale.get_unscaled_gradients(scaled_grads)
         finite = all_finite(grads)
+        for v, before, mean in zip(self.state_variables, state_before, state_mean):
+            v.assign(tf.where(finite, mean, before))  # a skipped step changes no state
         grad_norm = tf.linalg.global_norm(grads)
         if self.clip_norm:
             grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=grad_norm)
@@ -143,7 +164,22 @@ class Trainer:
         self.train_metrics[0].update_state(
             loss * tf.cast(replica.num_replicas_in_sync, tf.float32))
         self.task.update_metrics(self.train_metrics[1:], labels, outputs)
-        self.grad_norm.update_state(grad_norm, sample_weight=tf.cast(finite, tf.float32))
+        # A skipped step has weight 0; its norm (inf or NaN) is replaced, as inf*0 is NaN.
+        self.grad_norm.update_state(tf.where(finite, grad_norm, 0.0),
+                                    sample_weight=tf.cast(finite, tf.float32))
+
+    def _reseed(self, replica_id):
+        """Sets every dropout SeedGenerator from (config.seed, step, replica).
+
+        Random masks are then a function of the step, like the input order: a
+        resumed run draws exactly what an uninterrupted one would (no RNG state
+        to checkpoint), and replicas draw distinct masks.
+        """
+        for i, state in enumerate(self.seed_states):
+            seed = tf.constant([self.config.seed, i], tf.int64)
+            seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(replica_id, tf.int64))
+            seed = tf.random.experimental.stateless_fold_in(seed, self.step.read_value())
+            state.assign(tf.cast(seed, state.dtype))
 
     def _apply_if_finite(self, strategy, grads, finite):
         """Cross-replica: apply the reduced gradients on every replica, or skip the step.
@@ -211,10 +247,6 @@ class Trainer:
                                 path, str(e).splitlines()[0][:200])
                 continue
             logging.info("Restored %s (step %d).", path, int(self.step.numpy()))
-            if self.config.optimizer.schedule == "constant":
-                # A constant rate is an optimizer variable, so the checkpoint brought back
-                # the old value; the config of this run decides.
-                self.optimizer.learning_rate = self.config.optimizer.learning_rate
             return path
         if paths:
             raise RuntimeError(f"No readable checkpoint in {self.checkpoint_dir} (tried "
@@ -269,10 +301,9 @@ class Trainer:
     def _host_loop(self, iterator, evaluate, stop):
         """Compiled chunks of steps; logs, checkpoints and evals at their boundaries."""
         tc = self.config.trainer
-        boundaries = [tc.steps_per_loop, tc.log_every, tc.checkpoint_every]
-        if evaluate:
-            boundaries.append(tc.eval_every)
-        boundaries = [b for b in boundaries if b and b > 0]
+        intervals = [tc.steps_per_loop, tc.log_every, tc.checkpoint_every,
+                     tc.eval_every if evaluate else 0]
+        boundaries = [b for b in intervals if b > 0]
         step = step_log = int(self.step.numpy())
         eval_results, train_seconds = None, 0.0  # seconds since the last log, eval excluded
         while step < self.train_steps:
@@ -283,18 +314,18 @@ class Trainer:
             train_seconds += time.time() - t0
             self._check_finite(step)
             done = step >= self.train_steps
-            if done or step % tc.log_every == 0:
+            if done or _every(step, tc.log_every):
                 self._log_train(step, step - step_log, train_seconds)
                 train_seconds, step_log = 0.0, step
             stopping = self._any_worker(stop.signum is not None)
-            if done or stopping or step % tc.checkpoint_every == 0:
+            if done or stopping or _every(step, tc.checkpoint_every):
                 self.save()
             if stopping:
                 self._flush()
                 raise Preempted(f"Stopped by {stop.name} at step {step}; checkpoint saved in "
                                 f"{self.checkpoint_dir}. Relaunch with the same --workdir to "
                                 "continue from this step.", stop.signum or signal.SIGTERM)
-            if evaluate and (done or (tc.eval_every and step % tc.eval_every == 0)):
+            if evaluate and (done or _every(step, tc.eval_every)):
                 eval_results = self.evaluate()
         return eval_results
 
@@ -436,6 +467,22 @@ class _StopOnSignal:
     def __exit__(self, *exc):
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+
+
+def _every(step, interval):
+    """True at multiples of `interval`; an interval of 0 never fires (the end of
+    training still logs, checkpoints and evaluates)."""
+    return interval > 0 and step % interval == 0
+
+
+def check_intervals(trainer_config):
+    """Interval fields are whole numbers of steps: steps_per_loop >= 1, the others >= 0."""
+    for name in ("steps_per_loop", "log_every", "checkpoint_every", "eval_every"):
+        value, minimum = trainer_config[name], 1 if name == "steps_per_loop" else 0
+        if not isinstance(value, int) or value < minimum:
+            raise ValueError(
+                f"trainer.{name}={value!r} must be an integer >= {minimum}"
+                + (" (0: only at the end of training)." if minimum == 0 else "."))
 
 
 def _format_metrics(metrics):
