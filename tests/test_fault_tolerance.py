@@ -150,8 +150,21 @@ def test_train_input_resumes_at_the_step(tmp_path):
     assert np.array_equal(np.sort(epoch), np.sort(task.data.train_labels))  # a permutation
 
 
-def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path):
-    args = [sys.executable, "launch.py", "--config=configs/cifar.py", "--mode=train",
+MODELS_WITH_STATE = {
+    # batch normalization: per-replica statistics, averaged by the step
+    "resnet": ["--config=configs/cifar.py", "--config.model.name=resnet",
+               "--config.model.width=4", "--config.model.blocks_per_stage=1"],
+    # dropout (a Keras Dropout layer and the Block's stateless dropout): random masks
+    "vit": ["--config=configs/vit_cifar.py", "--config.model.num_layers=1",
+            "--config.model.d_model=16", "--config.model.num_heads=2",
+            "--config.model.mlp_dim=32", "--config.model.dropout=0.2",
+            "--config.optimizer.warmup_steps=5"],
+}
+
+
+@pytest.mark.parametrize("model", sorted(MODELS_WITH_STATE))
+def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path, model):
+    args = [sys.executable, "launch.py", *MODELS_WITH_STATE[model], "--mode=train",
             "--config.data.source=synthetic", "--config.precision=float32",
             "--config.distribution.strategy=default", "--config.data.global_batch_size=16",
             "--config.data.synthetic_train_size=256", "--config.data.synthetic_test_size=32",
