@@ -12,7 +12,7 @@ from ml_collections import config_flags
 
 import tasks
 from trainer import Trainer
-from trainer.distribute import build_strategy
+from trainer.distribute import build_strategy, is_chief
 from trainer.precision import set_policy
 from trainer.trainer import Preempted
 from trainer.workdir import WorkdirLock, check_workdir
@@ -31,35 +31,39 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    try:
+        execute(FLAGS.config, FLAGS.workdir, FLAGS.mode)
+    except Preempted as e:  # on every worker alike: the same message and exit status
+        logging.warning("%s", e)
+        logging.flush()
+        sys.exit(128 + e.signum)
+
+
+def execute(config, workdir, mode):
+    """Runs `mode` on `workdir` (any filesystem tf.io.gfile knows: a path, gs://, ram://)."""
     import keras  # after flag parsing: keeps --help fast
-    config = FLAGS.config
     strategy = build_strategy(config.distribution)  # first: multi-worker needs a fresh runtime
     keras.utils.set_random_seed(config.seed)
-    if FLAGS.mode == "sample" or not strategy.extended.should_checkpoint:
-        run(config, strategy)  # reads the workdir only / a non-chief worker: no lock
+    if mode == "sample" or not is_chief(strategy):
+        run(config, strategy, workdir, mode)  # reads the workdir only / not the chief: no lock
         return
-    check_workdir(FLAGS.workdir)
-    with WorkdirLock(FLAGS.workdir):
-        try:
-            run(config, strategy)
-        except Preempted as e:
-            logging.warning("%s", e)
-            logging.flush()
-            sys.exit(128 + e.signum)
+    check_workdir(workdir)
+    with WorkdirLock(workdir):
+        run(config, strategy, workdir, mode)
 
 
-def run(config, strategy):
+def run(config, strategy, workdir, mode):
     set_policy(config.precision, strategy)
     task = tasks.get_task(config)
-    trainer = Trainer(config, task, strategy, FLAGS.workdir)
-    if FLAGS.mode in ("eval", "sample"):
-        if FLAGS.mode == "sample" and not hasattr(task, "sample"):
+    trainer = Trainer(config, task, strategy, workdir)
+    if mode in ("eval", "sample"):
+        if mode == "sample" and not hasattr(task, "sample"):
             raise ValueError(f"--mode=sample: task {config.task.name!r} cannot generate text.")
         if not trainer.restore():
             raise FileNotFoundError(
-                f"--mode={FLAGS.mode}: no checkpoint in {FLAGS.workdir}/checkpoints. Train "
+                f"--mode={mode}: no checkpoint in {workdir}/checkpoints. Train "
                 "first (--mode=train_and_eval) or point --workdir at a trained run.")
-        if FLAGS.mode == "eval":
+        if mode == "eval":
             trainer.evaluate()
         else:
             s = config.sample
@@ -67,7 +71,7 @@ def run(config, strategy):
             text = task.sample(trainer.model, prompt, s.num_bytes, s.temperature, s.top_k, s.seed)
             print((prompt + text).decode("utf-8", errors="replace"))
     else:
-        trainer.train(evaluate=FLAGS.mode == "train_and_eval")
+        trainer.train(evaluate=mode == "train_and_eval")
 
 
 if __name__ == "__main__":

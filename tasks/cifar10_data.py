@@ -2,7 +2,8 @@
 
 Reads the standard `cifar-10-batches-py` folder (pickled `data_batch_1..5`
 and `test_batch`, any number of images per file) or the
-`cifar-10-python.tar.gz` archive that contains it.
+`cifar-10-python.tar.gz` archive that contains it, from any filesystem
+`tf.io.gfile` supports (a local path, `gs://...`).
 """
 
 import dataclasses
@@ -12,7 +13,10 @@ import tarfile
 
 import keras
 import numpy as np
+import tensorflow as tf
 from absl import logging
+
+gfile = tf.io.gfile
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 SHA256 = "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce"
@@ -67,31 +71,32 @@ def _read_files(read, describe):
 
 def read_folder(folder):
     def read(name):
-        with open(os.path.join(folder, name), "rb") as f:
+        with gfile.GFile(os.path.join(folder, name), "rb") as f:
             return f.read()
     arrays = _read_files(read, lambda name: os.path.join(folder, name))
     return Cifar10(*arrays, source=f"CIFAR-10 folder {folder}")
 
 
 def read_tarball(path):
-    try:
-        archive = tarfile.open(path, "r:gz")
-        members = {os.path.basename(m.name): m for m in archive.getmembers() if m.isfile()}
-    except (tarfile.TarError, EOFError, OSError) as e:
-        raise ValueError(f"{path} is not a readable {TARBALL} ({e}): it is truncated or "
-                         f"corrupt. Delete it and download it again from {URL}.") from e
-
-    def read(name):
-        if name not in members:
-            raise ValueError(f"{path} has no {FOLDER}/{name}: not a CIFAR-10 archive.")
+    with gfile.GFile(path, "rb") as raw:  # tarfile leaves a given fileobj open
         try:
-            return archive.extractfile(members[name]).read()
-        except (tarfile.TarError, EOFError, OSError) as e:
-            raise ValueError(f"{path}: cannot read {name} ({e}): the archive is truncated "
-                             f"or corrupt. Download it again from {URL}.") from e
+            archive = tarfile.open(fileobj=raw, mode="r:gz")
+            members = {os.path.basename(m.name): m for m in archive.getmembers() if m.isfile()}
+        except (tarfile.TarError, EOFError, OSError, tf.errors.OpError) as e:
+            raise ValueError(f"{path} is not a readable {TARBALL} ({e}): it is truncated or "
+                             f"corrupt. Delete it and download it again from {URL}.") from e
 
-    with archive:
-        arrays = _read_files(read, lambda name: f"{path}:{FOLDER}/{name}")
+        def read(name):
+            if name not in members:
+                raise ValueError(f"{path} has no {FOLDER}/{name}: not a CIFAR-10 archive.")
+            try:
+                return archive.extractfile(members[name]).read()
+            except (tarfile.TarError, EOFError, OSError, tf.errors.OpError) as e:
+                raise ValueError(f"{path}: cannot read {name} ({e}): the archive is truncated "
+                                 f"or corrupt. Download it again from {URL}.") from e
+
+        with archive:
+            arrays = _read_files(read, lambda name: f"{path}:{FOLDER}/{name}")
     return Cifar10(*arrays, source=f"CIFAR-10 archive {path}")
 
 
@@ -106,8 +111,8 @@ def candidate_paths(data_dir):
 
 
 def _is_cifar_folder(path):
-    return os.path.isdir(path) and all(
-        os.path.exists(os.path.join(path, f)) for f in TRAIN_FILES + (TEST_FILE,))
+    return gfile.isdir(path) and all(
+        gfile.exists(os.path.join(path, f)) for f in TRAIN_FILES + (TEST_FILE,))
 
 
 def find_on_disk(data_dir):
@@ -115,7 +120,7 @@ def find_on_disk(data_dir):
     for path in candidate_paths(data_dir):
         if _is_cifar_folder(path):
             return read_folder(path)
-        if os.path.isfile(path) and path.endswith(TARBALL):
+        if path.endswith(TARBALL) and gfile.exists(path) and not gfile.isdir(path):
             return read_tarball(path)
     return None
 
@@ -151,13 +156,13 @@ def synthetic(num_train=50000, num_test=10000, seed=0):
 
 def write_folder(data, folder):
     """Writes `data` as a cifar-10-batches-py folder (5 train batches, 1 test batch)."""
-    os.makedirs(folder, exist_ok=True)
+    gfile.makedirs(folder)
     chunks = np.array_split(np.arange(len(data.train_labels)), len(TRAIN_FILES))
     parts = [(name, data.train_images[i], data.train_labels[i])
              for name, i in zip(TRAIN_FILES, chunks)]
     for name, images, labels in parts + [(TEST_FILE, data.test_images, data.test_labels)]:
         rows = images.transpose(0, 3, 1, 2).reshape(len(images), 3072)
-        with open(os.path.join(folder, name), "wb") as f:
+        with gfile.GFile(os.path.join(folder, name), "wb") as f:
             pickle.dump({b"data": rows, b"labels": labels.tolist(),
                          b"batch_label": name.encode()}, f, protocol=2)
 
@@ -169,11 +174,11 @@ def load(config):
                          f"choose one of {SOURCES}.")
     if config.source == "synthetic":
         return synthetic(config.synthetic_train_size, config.synthetic_test_size)
-    if config.data_dir and not any(_is_cifar_folder(p) or os.path.isfile(p)
+    if config.data_dir and not any(_is_cifar_folder(p) or (gfile.exists(p) and not gfile.isdir(p))
                                    for p in candidate_paths(config.data_dir)[:3]):
         # An explicit data_dir without the dataset is a mistake, never a reason to
         # fall back to synthetic data.
-        listing = sorted(os.listdir(config.data_dir))[:10] if os.path.isdir(config.data_dir) \
+        listing = sorted(gfile.listdir(config.data_dir))[:10] if gfile.isdir(config.data_dir) \
             else "it does not exist"
         raise FileNotFoundError(
             f"data.data_dir={config.data_dir} holds no CIFAR-10 ({listing}). It must contain "

@@ -6,6 +6,7 @@ import tarfile
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from conftest import tiny_config
 from tasks import cifar10_data
@@ -145,3 +146,32 @@ def test_fused_augmentation_crops_flips_and_normalizes():
     np.testing.assert_array_equal(out, augment_and_normalize(tf.constant(images), seed).numpy())
     pixels = np.rint(out * np.array(STD) + np.array(MEAN)).astype(np.uint8)
     assert_pad4_crops_or_mirrors(images, pixels)
+
+
+def copy_to(local, remote):
+    """Copies a local tree to another filesystem (ram://) with tf.io.gfile."""
+    gfile = tf.io.gfile
+    for root, _, files in os.walk(local):
+        relative = os.path.relpath(root, local)
+        target = remote if relative == "." else remote + "/" + relative.replace(os.sep, "/")
+        gfile.makedirs(target)
+        for f in files:
+            gfile.copy(os.path.join(root, f), target + "/" + f, overwrite=True)
+
+
+@pytest.mark.parametrize("layout", ["folder", "tarball"])
+def test_reads_the_real_format_from_a_remote_filesystem(tmp_path, layout):
+    """ram:// is TensorFlow's in-memory filesystem: what works there works on gs://."""
+    folder, written = write_cifar(tmp_path / "src", np.random.default_rng(5))
+    (tmp_path / "up").mkdir()
+    if layout == "tarball":
+        with tarfile.open(tmp_path / "up" / cifar10_data.TARBALL, "w:gz") as tar:
+            tar.add(folder, arcname=cifar10_data.FOLDER)
+    else:
+        copy_to(str(tmp_path / "src"), str(tmp_path / "up"))
+    remote = f"ram://cifar_{layout}"
+    copy_to(str(tmp_path / "up"), remote)
+    config = tiny_config(**{"data.source": "cifar10", "data.data_dir": remote})
+    data = cifar10_data.load(config.data)
+    assert_matches(data, written)
+    assert remote in data.source

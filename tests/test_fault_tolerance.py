@@ -1,6 +1,8 @@
 """A signal, a corrupt checkpoint, a diverging run or a second run must cost no work."""
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,6 +17,7 @@ import tensorflow as tf
 import tasks
 from conftest import tiny_config
 from trainer import Trainer
+from trainer.checkpoints import IncompatibleCheckpointError
 from trainer.precision import set_policy
 from trainer.workdir import WorkdirLock, check_workdir
 
@@ -195,3 +198,34 @@ def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(tmp_pat
     assert len(names) > 10
     for name in names:
         np.testing.assert_array_equal(a.get_tensor(name), b.get_tensor(name), err_msg=name)
+
+
+def test_a_checkpoint_of_another_model_size_is_named_not_skipped(tmp_path):
+    small = {"model.name": "resnet", "model.width": 4, "model.blocks_per_stage": 1,
+             "trainer.train_steps": 4, "trainer.checkpoint_every": 2}
+    build(tiny_config(**small), tmp_path).train(evaluate=False)
+    assert checkpoint_steps(tmp_path) == [2, 4]
+    wider = build(tiny_config(**dict(small, **{"model.width": 8})), tmp_path)
+    with pytest.raises(IncompatibleCheckpointError) as e:
+        wider.train(evaluate=False)
+    message = str(e.value)
+    assert "ckpt-4 does not fit this run" in message  # the newest, no silent fallback
+    # the variable and both shapes: the checkpoint's (width 4) and this run's (width 8)
+    shapes = re.search(r"shape \(([\d, ]+)\) .*variable with shape \(([\d, ]+)\) and name "
+                       r"\w+/(kernel|gamma|beta|moving_mean|moving_variance)", message)
+    assert shapes, message
+    old, new = ([int(d) for d in g.split(",") if d.strip()] for g in shapes.groups()[:2])
+    assert new[-1] == 2 * old[-1]
+    assert "config.json" in message and "new --workdir" in message
+    assert checkpoint_steps(tmp_path) == [2, 4]  # nothing deleted or written
+    assert json.load(open(tmp_path / "config.json"))["model"]["width"] == 4
+
+
+def test_a_float32_checkpoint_resumed_in_float16_starts_the_loss_scale_afresh(tmp_path, caplog):
+    caplog.set_level("INFO")
+    build(tiny_config(**{"trainer.train_steps": 2}), tmp_path).train(evaluate=False)
+    fp16 = build(tiny_config(precision="mixed_float16", **{"trainer.train_steps": 2}), tmp_path)
+    fp16.restore()
+    assert float(fp16.loss_scale.scale.numpy()) == 2.0**15  # not the float32 run's 1
+    assert any("Loss scale starts at 32768" in r.getMessage() and "without float16 loss "
+               "scaling" in r.getMessage() for r in caplog.records)

@@ -1,5 +1,6 @@
 """launch.py as a user runs it, and the clear errors it gives on bad input."""
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import tensorflow as tf
 import tasks
 from conftest import tiny_config, two_replicas
 from trainer import Trainer
-from trainer.distribute import build_strategy
+from trainer.distribute import build_strategy, is_chief
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config.data.source=synthetic", "--config.data.synthetic_train_size=256",
@@ -134,3 +135,44 @@ def test_second_launch_on_a_busy_workdir_is_refused(tmp_path):
     assert run.returncode != 0
     assert f"held by pid {os.getpid()}" in run.stderr
     assert sorted(os.listdir(tmp_path)) == []  # the lock was released; nothing written
+
+
+def test_a_whole_run_on_a_remote_workdir_writes_nothing_locally(tmp_path, monkeypatch):
+    """ram:// (TensorFlow's in-memory filesystem) stands in for gs://: every file the run
+    writes goes through tf.io.gfile, so nothing lands on the local disk."""
+    import launch
+    monkeypatch.chdir(tmp_path)
+    workdir = "ram://runs/remote"
+    config = tiny_config(**{"trainer.train_steps": 10, "trainer.checkpoint_every": 5,
+                            "trainer.eval_every": 10})
+    launch.execute(config, workdir, "train_and_eval")
+    gfile = tf.io.gfile
+    assert json.loads(gfile.GFile(f"{workdir}/config.json").read())["trainer"]["train_steps"] == 10
+    assert tf.train.latest_checkpoint(f"{workdir}/checkpoints").endswith("ckpt-10")
+    for run in ("train", "eval"):
+        assert gfile.glob(f"{workdir}/{run}/events.out.tfevents.*"), run
+    assert not gfile.exists(f"{workdir}/.lock")  # released
+    assert os.listdir(tmp_path) == []  # no ./ram:/... folder, nothing else
+    launch.execute(config, workdir, "eval")  # and it reads back from there
+
+
+class _Strategy:
+    def __init__(self, resolver):
+        self.cluster_resolver = resolver
+
+
+@pytest.mark.parametrize("cluster,task_type,task_id,chief", [
+    ({"worker": ["a:1", "b:1"]}, "worker", 0, True),
+    ({"worker": ["a:1", "b:1"]}, "worker", 1, False),
+    ({"chief": ["c:1"], "worker": ["a:1"]}, "worker", 0, False),
+    ({"chief": ["c:1"], "worker": ["a:1"]}, "chief", 0, True),
+])
+def test_one_writer_per_job_by_task_identity(cluster, task_type, task_id, chief):
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster), task_type=task_type, task_id=task_id)
+    assert is_chief(_Strategy(resolver)) is chief
+
+
+def test_single_client_strategies_are_their_own_chief():
+    assert is_chief(tf.distribute.get_strategy()) and is_chief(two_replicas())
+    assert is_chief(_Strategy(None))

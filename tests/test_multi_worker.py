@@ -99,3 +99,34 @@ def test_dead_worker_stops_the_other_and_relaunch_resumes(tmp_path):
     assert f"Restored {workdir}/checkpoints/ckpt-{resume_from} (step {resume_from})" in log
     assert f"step {resume_from + 5}/{resume_from + 10}" in log
     assert_same_weights(tmp_path, resume_from + 10)
+
+
+def test_sigterm_to_a_non_chief_worker_stops_every_worker_the_same_way(tmp_path):
+    """Both workers save at the same step and exit 128+SIGTERM, without a traceback."""
+    cluster = {"worker": [f"localhost:{p}" for p in free_ports(2)]}
+    args = [sys.executable, os.path.join(os.path.dirname(HERE), "launch.py"),
+            "--config=configs/cifar.py", f"--workdir={tmp_path / 'wd'}", "--mode=train",
+            "--config.distribution.strategy=multi_worker",
+            "--config.distribution.collective_timeout_seconds=30",
+            "--config.precision=float32", "--config.data.source=synthetic",
+            "--config.data.synthetic_train_size=256", "--config.data.synthetic_test_size=32",
+            "--config.data.global_batch_size=16", "--config.trainer.train_steps=100000",
+            "--config.trainer.steps_per_loop=5", "--config.trainer.log_every=5",
+            "--config.trainer.checkpoint_every=100000"]
+    procs, logs = [], [tmp_path / f"launch{i}.log" for i in range(2)]
+    for i in range(2):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": i}}))
+        procs.append(subprocess.Popen(args, cwd=os.path.dirname(HERE), env=env,
+                                      stdout=open(logs[i], "w"), stderr=subprocess.STDOUT))
+    deadline = time.time() + 180
+    while time.time() < deadline and "step 10/" not in logs[0].read_text():
+        time.sleep(0.5)
+    procs[1].send_signal(signal.SIGTERM)
+    codes = finish(procs, timeout=120)
+    texts = [log.read_text() for log in logs]
+    assert codes == [128 + signal.SIGTERM] * 2, texts[0][-2000:] + texts[1][-2000:]
+    for text in texts:
+        assert "Traceback" not in text and "Relaunch with the same --workdir" in text
+    saved = checkpoints(tmp_path / "wd")
+    assert len(saved) == 1 and f"at step {saved[0]}" in texts[0] and f"at step {saved[0]}" in texts[1]

@@ -235,10 +235,10 @@ def test_the_schedule_follows_the_step_and_ends_at_train_steps(tmp_path):
     assert float(tf.convert_to_tensor(trainer.optimizer.learning_rate)) == pytest.approx(0.0)
 
 
-def test_a_renamed_keras_hook_fails_at_optimizer_build(monkeypatch):
+def test_a_renamed_keras_hook_fails_at_optimizer_build(monkeypatch, tmp_path):
     """Were Keras to rename the method, gradients would silently be reduced twice."""
     from trainer import optimizers
     monkeypatch.setattr(optimizers, "ALL_REDUCE_HOOK", "_all_reduce_renamed")
-    config = tiny_config()
+    x, y = data(1, np.random.default_rng(0))
     with pytest.raises(RuntimeError, match="_all_reduce_renamed.*pinned in pyproject"):
-        optimizers.build_optimizer(config.optimizer, 10, tf.Variable(0, dtype=tf.int64))
+        make_trainer(tf.distribute.get_strategy(), x, y, tmp_path)

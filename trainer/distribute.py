@@ -58,3 +58,21 @@ def _make_strategy(config):
     if gpus:
         return tf.distribute.OneDeviceStrategy(gpus[0].name)
     return tf.distribute.get_strategy()
+
+
+def is_chief(strategy):
+    """Whether this process writes the workdir: the lock, config.json, checkpoints, summaries.
+
+    Decided by task identity, the same way for every strategy: the `chief` task if
+    the cluster has one, else worker 0; a single-client strategy (default,
+    Mirrored, TPU: one Python process drives every host of a TPU pod) has no
+    task type and is its own chief. Not `strategy.extended.should_checkpoint`,
+    which TPUStrategy sets on every process alike.
+    """
+    resolver = getattr(strategy, "cluster_resolver", None)
+    task_type = getattr(resolver, "task_type", None)
+    if not task_type:
+        return True
+    if "chief" in resolver.cluster_spec().jobs:
+        return task_type == "chief"
+    return task_type == "worker" and (resolver.task_id or 0) == 0

@@ -44,6 +44,7 @@ class LossScale(tf.Module):
         self.enabled = bool(enabled)
         self.dynamic = bool(dynamic) and self.enabled
         self.growth_steps = int(growth_steps)
+        self.initial_scale = float(initial_scale)
         variable = lambda value, dtype, name: tf.Variable(
             value, dtype=dtype, name=name, trainable=False,
             synchronization=tf.VariableSynchronization.ON_WRITE,
@@ -51,6 +52,30 @@ class LossScale(tf.Module):
         self.scale = variable(initial_scale if self.enabled else 1.0, tf.float32, "scale")
         self.good_steps = variable(0, tf.int64, "good_steps")
         self.skipped_steps = variable(0, tf.int64, "skipped_steps")
+        # Checkpointed, so a resumed run knows whether `scale` was in use when saved.
+        self.was_enabled = variable(int(self.enabled), tf.int64, "enabled")
+
+    def after_restore(self, policy):
+        """Reconciles a restored scale with this run's precision; returns a log line.
+
+        A checkpoint of a run without float16 loss scaling holds the scale 1,
+        which would underflow float16 gradients: the scale starts afresh.
+        """
+        was_enabled, scale = bool(self.was_enabled.numpy()), float(self.scale.numpy())
+        self.was_enabled.assign(int(self.enabled))
+        if self.enabled and not was_enabled:
+            self.scale.assign(self.initial_scale)
+            self.good_steps.assign(0)
+            return (f"Loss scale starts at {self.initial_scale:g} (loss_scale.initial_scale): "
+                    f"the checkpoint was trained without float16 loss scaling, so it holds "
+                    f"no scale for {policy}.")
+        if was_enabled and not self.enabled:
+            self.scale.assign(1.0)
+            return (f"Loss scaling is off under {policy}; the checkpoint's float16 loss scale "
+                    f"{scale:g} is not used.")
+        if self.enabled:
+            return f"Loss scale resumes at {scale:g} from the checkpoint."
+        return None
 
     def get_scaled_loss(self, loss):
         if not self.enabled:

@@ -8,23 +8,24 @@ SCHEDULES = ("constant", "cosine")
 ALL_REDUCE_HOOK = "_all_reduce_sum_gradients"
 
 
-def build_learning_rate(config, train_steps, step):
-    """The rate as a function of the Trainer's `step` variable (a zero-argument callable).
+def build_learning_rate(config, train_steps, step=None):
+    """Constant, or linear warmup to `learning_rate` then cosine decay to 0 at `train_steps`.
 
-    Constant, or linear warmup to `learning_rate` then cosine decay to 0 at
-    `train_steps`. Driven by `step`, which counts every step, skipped ones
-    included, like `train_steps`, logs and checkpoints; not by
-    `optimizer.iterations`, which counts applied updates only and would lag
-    behind after skipped steps (Adam's bias correction still uses it, as it
-    should). Being a callable, the rate is not an optimizer variable: a
-    checkpoint never carries an old rate into a run with another config.
+    With `step` (the Trainer's step variable) the rate is a zero-argument
+    callable of it. The Trainer's `step` counts every step, skipped ones
+    included, like `train_steps`, logs and checkpoints; Keras' default,
+    `optimizer.iterations` (used when `step` is None), counts applied updates
+    only and lags behind after skipped steps (Adam's bias correction still
+    uses it, as it should). Being a callable, the rate is not an optimizer
+    variable: a checkpoint never carries an old rate into a run with another
+    config.
     """
     if config.schedule not in SCHEDULES:
         raise ValueError(f"config.optimizer.schedule={config.schedule!r} is unknown; "
                          f"choose one of {SCHEDULES}.")
     if config.schedule == "constant":
         rate = float(config.learning_rate)
-        return lambda: rate
+        return rate if step is None else lambda: rate
     warmup = int(config.warmup_steps)
     if not 0 <= warmup < train_steps:
         raise ValueError(f"config.optimizer.warmup_steps={warmup} must be in "
@@ -34,26 +35,24 @@ def build_learning_rate(config, train_steps, step):
         decay_steps=train_steps - warmup,
         warmup_target=config.learning_rate if warmup else None,
         warmup_steps=warmup)
-    return lambda: schedule(step)
+    return schedule if step is None else lambda: schedule(step)
 
 
-def build_optimizer(config, train_steps, step):
-    """`config` is `config.optimizer`; `step` drives the learning rate.
+def build_optimizer(config, train_steps, step=None):
+    """`config` is `config.optimizer`; `step` drives the learning rate (see above).
 
     Clipping is not set here: the Trainer clips by the global norm of the
     reduced gradients (Keras' clipnorm would clip each replica's local
     gradients)."""
     lr = build_learning_rate(config, train_steps, step)
     if config.name == "adam":
-        optimizer = keras.optimizers.Adam(lr)
-    elif config.name == "adamw":
-        optimizer = keras.optimizers.AdamW(lr, weight_decay=config.weight_decay)
-    elif config.name == "sgd":
-        optimizer = keras.optimizers.SGD(lr, momentum=config.momentum, nesterov=config.nesterov)
-    else:
-        raise ValueError(f"config.optimizer.name={config.name!r} is unknown; "
-                         f"choose one of {OPTIMIZERS}.")
-    return disable_keras_all_reduce(optimizer)
+        return keras.optimizers.Adam(lr)
+    if config.name == "adamw":
+        return keras.optimizers.AdamW(lr, weight_decay=config.weight_decay)
+    if config.name == "sgd":
+        return keras.optimizers.SGD(lr, momentum=config.momentum, nesterov=config.nesterov)
+    raise ValueError(f"config.optimizer.name={config.name!r} is unknown; "
+                     f"choose one of {OPTIMIZERS}.")
 
 
 def disable_keras_all_reduce(optimizer):

@@ -2,9 +2,7 @@
 
 import json
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
 
@@ -12,8 +10,11 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from trainer.checkpoints import Checkpoints
+from trainer.distribute import is_chief
 from trainer.loss_scale import LossScale, all_finite
-from trainer.optimizers import build_optimizer
+from trainer.optimizers import build_optimizer, disable_keras_all_reduce
+from trainer.workdir import is_local
 
 
 def _as_float32(outputs):
@@ -71,7 +72,8 @@ class Trainer:
         with strategy.scope():
             self.model = task.build_model()
             self.step = _step_variable("global_step")
-            self.optimizer = build_optimizer(config.optimizer, self.train_steps, self.step)
+            self.optimizer = disable_keras_all_reduce(
+                build_optimizer(config.optimizer, self.train_steps, self.step))
             # Slots are created lazily; build them now so a restore fills them.
             self.optimizer.build(self.model.trainable_variables)
             self.loss_scale = LossScale(
@@ -94,16 +96,13 @@ class Trainer:
                                 if tf.as_dtype(v.dtype).is_floating]
         self.max_nonfinite_steps = int(config.trainer.max_nonfinite_steps or (
             100 if self.loss_scale.enabled else 1))
-        # Multi-worker: every worker takes part in a save, but only the chief writes
-        # the workdir; the others save to a temporary directory that is then removed.
-        self.is_chief = strategy.extended.should_checkpoint
+        self.is_chief = is_chief(strategy)
         self._multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-        self.checkpoint_dir = os.path.join(workdir, "checkpoints")
-        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
-                                              loss_scale=self.loss_scale, step=self.step)
-        self.manager = tf.train.CheckpointManager(
-            self.checkpoint, self.checkpoint_dir if self.is_chief else tempfile.mkdtemp(),
-            max_to_keep=config.trainer.max_to_keep, step_counter=self.step)
+        self.checkpoints = Checkpoints(
+            tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                                loss_scale=self.loss_scale, step=self.step),
+            os.path.join(workdir, "checkpoints"), self.step, config.trainer.max_to_keep,
+            self.is_chief)
         self._compute_gradients = tf.function(
             self._forward_backward, jit_compile=bool(config.trainer.jit_compile))
         self.train_loop = tf.function(self._train_loop_fn)
@@ -232,27 +231,13 @@ class Trainer:
             lambda ctx: self.task.build_inputs(split, ctx, start_step))
 
     def restore(self):
-        """Restores the newest readable checkpoint of the workdir; returns its path or None.
-
-        A corrupt or truncated checkpoint is skipped with a warning and the one
-        before it is tried; nothing is deleted.
-        """
-        state = tf.train.get_checkpoint_state(self.checkpoint_dir)
-        paths = list(state.all_model_checkpoint_paths) if state else []
-        for path in reversed(paths):
-            try:
-                self.checkpoint.restore(path).assert_existing_objects_matched()
-            except Exception as e:  # noqa: BLE001  (OpError, IndexError, ValueError... by damage)
-                logging.warning("Checkpoint %s is unreadable (%s); trying the previous one.",
-                                path, str(e).splitlines()[0][:200])
-                continue
-            logging.info("Restored %s (step %d).", path, int(self.step.numpy()))
-            return path
-        if paths:
-            raise RuntimeError(f"No readable checkpoint in {self.checkpoint_dir} (tried "
-                               f"{', '.join(paths)}); nothing was deleted. Move the directory "
-                               "away to start from scratch.")
-        return None
+        """Restores the newest readable checkpoint of the workdir; returns its path or None."""
+        path = self.checkpoints.restore()
+        if path:
+            message = self.loss_scale.after_restore(self.policy)
+            if message:
+                logging.info("%s", message)
+        return path
 
     def evaluate(self):
         """One full pass over the eval split; returns {metric name: float}."""
@@ -291,7 +276,7 @@ class Trainer:
                     f"{int(self.step.numpy())} ({type(e).__name__}: "
                     f"{str(e).strip().splitlines()[0][:200]}). Relaunch every worker with the "
                     "same --workdir: training resumes from "
-                    f"{tf.train.latest_checkpoint(self.checkpoint_dir)}.") from e
+                    f"{self.checkpoints.latest}.") from e
         if evaluate and eval_results is None:
             eval_results = self.evaluate()
         self._flush()
@@ -323,7 +308,7 @@ class Trainer:
             if stopping:
                 self._flush()
                 raise Preempted(f"Stopped by {stop.name} at step {step}; checkpoint saved in "
-                                f"{self.checkpoint_dir}. Relaunch with the same --workdir to "
+                                f"{self.checkpoints.directory}. Relaunch with the same --workdir to "
                                 "continue from this step.", stop.signum or signal.SIGTERM)
             if evaluate and (done or _every(step, tc.eval_every)):
                 eval_results = self.evaluate()
@@ -331,9 +316,7 @@ class Trainer:
 
     def save(self):
         """Writes a checkpoint at the current step (all workers must call it)."""
-        self.manager.save(checkpoint_number=self.step)
-        if not self.is_chief:
-            shutil.rmtree(self.manager.directory, ignore_errors=True)
+        self.checkpoints.save()
 
     def _any_worker(self, flag):
         """True on every worker if `flag` is True on any (keeps workers in lockstep)."""
@@ -352,7 +335,7 @@ class Trainer:
         weights_finite = bool(all_finite(self.model.weights))
         if streak < self.max_nonfinite_steps and weights_finite:
             return
-        latest = self.manager.latest_checkpoint if self.is_chief else None
+        latest = self.checkpoints.latest if self.is_chief else None
         what = (f"{streak} consecutive steps had non-finite gradients (skipped, so the "
                 "weights were not changed by them)" if weights_finite
                 else "the weights became non-finite")
@@ -408,13 +391,15 @@ class Trainer:
 
     def _write_start(self):
         if self.is_chief:
-            os.makedirs(self.workdir, exist_ok=True)
-            with open(os.path.join(self.workdir, "config.json"), "w") as f:
+            tf.io.gfile.makedirs(self.workdir)
+            with tf.io.gfile.GFile(os.path.join(self.workdir, "config.json"), "w") as f:
                 f.write(self.config.to_json_best_effort(indent=2))
         with self._writer("train").as_default(step=self.step.read_value()):
             tf.summary.text("config", "```\n" + str(self.config) + "\n```")
+        parent = os.path.dirname(os.path.abspath(self.workdir) if is_local(self.workdir)
+                                 else self.workdir.rstrip("/"))
         logging.info("TensorBoard logs in %s; view with: tensorboard --logdir=%s",
-                     self.workdir, os.path.dirname(os.path.abspath(self.workdir)))
+                     self.workdir, parent)
 
     def _log_final(self, start_step, seconds, eval_results):
         source = self.task.describe_data()

@@ -1,26 +1,38 @@
-"""The workdir: checks it is usable and locks it so two runs never write it at once."""
+"""The workdir: checks it is usable and locks it so two runs never write it at once.
+
+Every file goes through `tf.io.gfile`, so a workdir may live on any filesystem
+TensorFlow supports (a local path, `gs://...`, `ram://...` in tests).
+"""
 
 import errno
 import json
 import os
 import socket
 
+import tensorflow as tf
 from absl import logging
 
 LOCK_NAME = ".lock"
+gfile = tf.io.gfile
+
+
+def is_local(path):
+    """A plain path on this machine's disk (not gs://, ram://, ...)."""
+    return "://" not in path
 
 
 def check_workdir(workdir):
-    """Creates `workdir` or fails with what is wrong with it (nothing inside is touched)."""
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
+    """Creates `workdir` if needed, or fails with what is wrong with it (nothing inside is
+    touched)."""
+    if gfile.exists(workdir) and not gfile.isdir(workdir):
         raise NotADirectoryError(f"--workdir={workdir} is a file, not a directory; "
                                  "choose another --workdir.")
     try:
-        os.makedirs(workdir, exist_ok=True)
-    except OSError as e:
-        raise PermissionError(f"--workdir={workdir} cannot be created ({e.strerror}); "
+        gfile.makedirs(workdir)
+    except tf.errors.OpError as e:
+        raise PermissionError(f"--workdir={workdir} cannot be created ({e.message}); "
                               "choose a writable --workdir.") from e
-    if not os.access(workdir, os.W_OK | os.X_OK):
+    if is_local(workdir) and not os.access(workdir, os.W_OK | os.X_OK):
         raise PermissionError(f"--workdir={workdir} is not writable; choose a writable "
                               "--workdir or fix its permissions.")
 
@@ -39,6 +51,12 @@ class WorkdirLock:
     A second run on the same workdir fails with the owner named. A lock left
     by a dead process on this host is taken over with a warning; one from
     another host cannot be checked, so the error says how to remove it.
+
+    On a local disk the lock is atomic (O_CREAT|O_EXCL): of two runs started
+    at once exactly one gets it. Remote filesystems (gs://) have no such
+    primitive through tf.io.gfile, so there the lock is check-then-write: it
+    stops a run started on a workdir another run is using, but two runs
+    started within the same moment may both pass.
     """
 
     def __init__(self, workdir):
@@ -47,44 +65,55 @@ class WorkdirLock:
         self.held = False
 
     def acquire(self):
-        while True:
+        while not self._create():
+            self._handle_existing()
+        self.held = True
+        return self
+
+    def _create(self):
+        """Writes the lock file if none exists; False if one does."""
+        text = json.dumps(self.owner)
+        if is_local(self.path):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                self._handle_existing()
-                continue
+                return False
             with os.fdopen(fd, "w") as f:
-                json.dump(self.owner, f)
-            self.held = True
-            return self
+                f.write(text)
+            return True
+        if gfile.exists(self.path):
+            return False
+        with gfile.GFile(self.path, "w") as f:
+            f.write(text)
+        return True
 
     def _handle_existing(self):
         try:
-            with open(self.path) as f:
+            with gfile.GFile(self.path) as f:
                 owner = json.load(f)
-        except (OSError, ValueError):
+        except (tf.errors.OpError, ValueError):
             owner = {}
         pid, host = owner.get("pid"), owner.get("host")
         if host == self.owner["host"] and isinstance(pid, int) and not _alive(pid):
             logging.warning("Taking over the stale lock %s of pid %d on %s (no longer "
                             "running).", self.path, pid, host)
-            try:
-                os.remove(self.path)
-            except FileNotFoundError:
-                pass
+            self._remove()
             return
         raise RuntimeError(
             f"The workdir is in use: {self.path} is held by pid {pid} on host {host}. "
             "Wait for that run to finish or use another --workdir; if that process is "
             f"gone, delete {self.path}.")
 
+    def _remove(self):
+        try:
+            gfile.remove(self.path)
+        except tf.errors.NotFoundError:
+            pass
+
     def release(self):
         if self.held:
             self.held = False
-            try:
-                os.remove(self.path)
-            except FileNotFoundError:
-                pass
+            self._remove()
 
     def __enter__(self):
         return self.acquire()
