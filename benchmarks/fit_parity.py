@@ -45,8 +45,8 @@ def generated(num_train, num_test, seed=0):
         labels = rng.integers(0, 10, size=n).astype(np.int32)
         dy, dx = rng.integers(0, 9, size=(2, n))
         images = np.stack([padded[c, y:y + 32, x:x + 32] for c, y, x in zip(labels, dy, dx)])
-        noise = rng.standard_normal(size=images.shape, dtype=np.float32) * 160
-        return np.clip(128 + 0.35 * (images - 128) + noise, 0, 255).astype(np.uint8), labels
+        noise = rng.standard_normal(size=images.shape, dtype=np.float32) * 130
+        return np.clip(128 + 0.4 * (images - 128) + noise, 0, 255).astype(np.uint8), labels
 
     (xtr, ytr), (xte, yte) = make(num_train), make(num_test)
     return cifar10_data.Cifar10(xtr, ytr, xte, yte, source="generated parity data")

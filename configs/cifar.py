@@ -26,6 +26,7 @@ def get_config():
         # vit: on in their configs), not for the seed CNN's Flatten-Dense head, which
         # reaches lower accuracy with them in a short run.
         augment=False,
+        normalization="unit_range",  # unit_range (pixels / 255) | standardize (mean/std)
         synthetic_train_size=50_000, synthetic_test_size=10_000))
 
     c.optimizer = ml_collections.ConfigDict(dict(

@@ -11,7 +11,7 @@ def get_config():
     c.distribution.strategy = "tpu"
     c.precision = "mixed_bfloat16"
     c.model.name = "resnet"
-    c.data.augment = True
+    c.data.update(augment=True, normalization="standardize")
     c.data.global_batch_size = 1024
     c.optimizer.update(name="sgd", learning_rate=0.4, schedule="cosine", warmup_steps=200)
     c.trainer.update(train_steps=30 * cifar.TRAIN_EXAMPLES // 1024, steps_per_loop=100,

@@ -30,3 +30,21 @@ def test_compare_harness_smoke(tmp_path):
                                                                   "Trainer spl=2"]
     assert "| bare loop |" in run.stdout and "tokens/s" in run.stdout
     assert (out / "results.png").stat().st_size > 1000
+
+
+def test_fit_parity_harness_smoke(tmp_path):
+    """The Trainer-vs-model.fit learning comparison runs end to end (accuracy numbers are
+    the benchmark's, not asserted here: 4 steps learn nothing reliable)."""
+    out = tmp_path / "parity"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fit_parity", "--train_size=1024",
+         "--test_size=256", "--epochs=2", "--seeds=0", f"--out={out}"],
+        cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
+        text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.load(open(out / "results.json"))
+    (row,) = results["rows"]
+    assert 0 <= row["trainer"] <= 1 and 0 <= row["fit"] <= 1
+    assert row["difference"] == row["trainer"] - row["fit"]
+    assert "eval @ step 4:" in run.stderr and "num_examples=256" in run.stderr
+    assert "| 0 |" in (out / "results.md").read_text()

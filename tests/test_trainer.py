@@ -94,7 +94,7 @@ def test_eval_sees_every_example_once_with_two_replicas(tmp_path):
     assert results["num_examples"] == 103
 
     data = trainer.task.data
-    images = (data.test_images.astype(np.float32) - tasks.cifar10.MEAN) / tasks.cifar10.STD
+    images = tasks.cifar10.normalize(data.test_images, config.data.normalization)
     logits = trainer.model(images, training=False).numpy()
     expected_loss = keras.losses.sparse_categorical_crossentropy(
         data.test_labels, logits, from_logits=True).numpy().mean()
