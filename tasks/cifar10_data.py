@@ -110,6 +110,10 @@ def candidate_paths(data_dir):
     return paths
 
 
+def _is_file(path):
+    return gfile.exists(path) and not gfile.isdir(path)
+
+
 def _is_cifar_folder(path):
     return gfile.isdir(path) and all(
         gfile.exists(os.path.join(path, f)) for f in TRAIN_FILES + (TEST_FILE,))
@@ -120,7 +124,7 @@ def find_on_disk(data_dir):
     for path in candidate_paths(data_dir):
         if _is_cifar_folder(path):
             return read_folder(path)
-        if path.endswith(TARBALL) and gfile.exists(path) and not gfile.isdir(path):
+        if path.endswith(TARBALL) and _is_file(path):
             return read_tarball(path)
     return None
 
@@ -174,7 +178,7 @@ def load(config):
                          f"choose one of {SOURCES}.")
     if config.source == "synthetic":
         return synthetic(config.synthetic_train_size, config.synthetic_test_size)
-    if config.data_dir and not any(_is_cifar_folder(p) or (gfile.exists(p) and not gfile.isdir(p))
+    if config.data_dir and not any(_is_cifar_folder(p) or _is_file(p)
                                    for p in candidate_paths(config.data_dir)[:3]):
         # An explicit data_dir without the dataset is a mistake, never a reason to
         # fall back to synthetic data.
