@@ -13,7 +13,9 @@ def get_config():
     c.seed = 0
     c.precision = "auto"  # float32 | mixed_float16 | mixed_bfloat16 | auto
 
-    c.task = ml_collections.ConfigDict(dict(name="cifar10"))
+    # module: a Task module of your own to import first (it registers `name`), e.g.
+    # "my_task" for a my_task.py next to your config file.
+    c.task = ml_collections.ConfigDict(dict(name="cifar10", module=""))
     c.model = ml_collections.ConfigDict(dict(
         name="seed_cnn",           # seed_cnn | resnet | vit (configs/vit_cifar.py)
         width=16, blocks_per_stage=3, weight_decay=1e-4))  # resnet only
@@ -60,5 +62,16 @@ def get_config():
 
         log_every=50,
         deterministic=False,       # True: deterministic ops, so a resumed run is bitwise exact
-        jit_compile=False))        # XLA on CPU measured 3x slower
+        jit_compile=False,         # XLA on CPU measured 3x slower
+        # After each eval, the best checkpoint by this eval metric is kept in workdir/best/
+        # ("": none); early_stop_patience > 0 evals without improvement end the run.
+        best_metric="eval/accuracy", best_mode="max", early_stop_patience=0,
+        max_seconds=0.0))          # > 0: stop with a checkpoint after this long (0: no limit)
+
+    # --mode=continuous_eval: exit after this long without a new checkpoint.
+    c.eval = ml_collections.ConfigDict(dict(timeout_seconds=3600))
+
+    # Your own actions at loop boundaries, by name: dict(action="my_actions.PrintLoss",
+    # every=100, **keyword arguments of the class or function). See BUILD.md.
+    c.actions = ml_collections.ConfigDict()
     return c

@@ -11,7 +11,7 @@ def get_config():
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.precision = "auto"
-    c.task = ml_collections.ConfigDict(dict(name="lm"))
+    c.task = ml_collections.ConfigDict(dict(name="lm", module=""))  # module: see cifar.py
     c.model = ml_collections.ConfigDict(dict(
         seq_len=128, num_layers=4, d_model=128, num_heads=4, mlp_dim=512, dropout=0.0,
         tie_embeddings=True, remat=False))
@@ -30,7 +30,10 @@ def get_config():
     c.trainer = ml_collections.ConfigDict(dict(
         train_steps=3500, steps_per_loop=100, eval_every=500, checkpoint_every=500,
         max_to_keep=3, log_every=100, jit_compile=False, deterministic=False,
-        max_nonfinite_steps=0))  # 0: 100 with float16 loss scaling, else 1
+        max_nonfinite_steps=0,  # 0: 100 with float16 loss scaling, else 1
+        best_metric="eval/loss", best_mode="min", early_stop_patience=0, max_seconds=0.0))
+    c.eval = ml_collections.ConfigDict(dict(timeout_seconds=3600))
+    c.actions = ml_collections.ConfigDict()  # see configs/cifar.py
     c.sample = ml_collections.ConfigDict(dict(
         prompt="import ", num_bytes=256, temperature=0.8, top_k=40, seed=0))
     return c

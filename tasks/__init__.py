@@ -1,5 +1,7 @@
 """Task registry: `config.task.name` -> Task class."""
 
+from trainer.plugins import import_module
+
 _REGISTRY = {}
 
 
@@ -14,11 +16,15 @@ def register(name):
 
 
 def get_task(config):
-    """Builds the task named by `config.task.name`."""
+    """Builds the task named by `config.task.name`, importing `config.task.module` first
+    (a Task of the user's own, outside this package, registers itself on import)."""
+    if config.task.module:
+        import_module(config.task.module, "config.task.module")
     name = config.task.name
     if name not in _REGISTRY:
         raise ValueError(f"Unknown task {name!r} (config.task.name). Known tasks: "
-                         f"{', '.join(sorted(_REGISTRY))}.")
+                         f"{', '.join(sorted(_REGISTRY))}. A task of your own: set "
+                         "config.task.module to the module that registers it.")
     return _REGISTRY[name](config)
 
 

@@ -19,6 +19,12 @@ from trainer.distribute import build_strategy  # noqa: E402
 from trainer.precision import set_policy  # noqa: E402
 
 
+def record_step(controller, step, logs, path):
+    """A user action from the config: appends the step to this worker's own file."""
+    with open(path, "a") as f:
+        f.write(f"{step}\n")
+
+
 def main(workdir, out, steps):
     logging.set_verbosity(logging.INFO)
     c = cifar.get_config()
@@ -29,6 +35,8 @@ def main(workdir, out, steps):
                   global_batch_size=32)
     c.trainer.update(train_steps=int(steps), steps_per_loop=5, log_every=5, eval_every=10,
                      checkpoint_every=10)
+    c.actions.record = dict(action="multi_worker_main.record_step", every=5,
+                            path=out + ".steps")
     strategy = build_strategy(c.distribution)
     keras.utils.set_random_seed(c.seed)
     set_policy(c.precision, strategy)

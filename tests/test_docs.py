@@ -1,37 +1,63 @@
-"""The example Task in BUILD.md runs as printed, and README commands match CI."""
+"""BUILD.md's example files (an action, a Task, their config) run as printed, from a
+directory outside the repository, through launch.py and the `tftrainer` command; README
+commands match CI."""
 
+import json
 import os
 import re
-import types
-
-import keras
-import tensorflow as tf
-
-import tasks
-from trainer import Trainer
+import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICK = ["--config.precision=float32", "--config.distribution.strategy=default",
+         "--config.trainer.steps_per_loop=50", "--config.trainer.log_every=50"]
 
 
-def python_blocks(path):
-    return re.findall(r"```python\n(.*?)```", open(os.path.join(ROOT, path)).read(), re.S)
+def example_files(path):
+    """{file name: code} of the ```python blocks whose first line is `# <name>.py`."""
+    blocks = re.findall(r"```python\n# (\w+\.py)\n(.*?)```",
+                        open(os.path.join(ROOT, path)).read(), re.S)
+    return dict(blocks)
 
 
-def test_build_md_example_task_trains(tmp_path):
-    task_code, config_code = python_blocks("BUILD.md")
-    exec(compile(task_code, "BUILD.md:task", "exec"), types.ModuleType("sign_of_sum").__dict__)
-    config_module = types.ModuleType("sign_of_sum_config")
-    exec(compile(config_code, "BUILD.md:config", "exec"), config_module.__dict__)
-    config = config_module.get_config()
-    config.precision = "float32"
-    config.distribution.strategy = "default"
-    config.trainer.update(steps_per_loop=50, log_every=50)
-    keras.utils.set_random_seed(config.seed)
-    task = tasks.get_task(config)
-    assert type(task).__name__ == "SignOfSumTask"
-    results = Trainer(config, task, tf.distribute.get_strategy(), str(tmp_path)).train()
-    assert results["accuracy"] > 0.85
-    assert results["num_examples"] == 1024
+def final_summary(log):
+    line = next(l for l in log.splitlines() if "] Done: " in l)
+    return json.loads(line.split("] Done: ", 1)[1])
+
+
+def run_example(tmp_path, command):
+    project = tmp_path / "my_project"  # outside the repository
+    project.mkdir()
+    files = example_files("BUILD.md")
+    assert set(files) == {"stop_at_accuracy.py", "sign_of_sum.py", "config.py"}
+    for name, code in files.items():
+        (project / name).write_text(code)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    run = subprocess.run([*command, f"--config={project / 'config.py'}",
+                          f"--workdir={tmp_path / 'run'}", *QUICK], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stderr
+
+
+def check_the_example_learns_and_stops(log):
+    summary = final_summary(log)
+    assert summary["eval"]["accuracy"] > 0.85
+    assert summary["eval"]["num_examples"] == 1024
+    # the example action ended the run at the first eval reaching its target
+    assert summary["stopped"].startswith("eval/accuracy=")
+    assert "reached the target 0.85" in summary["stopped"]
+
+
+def test_build_md_example_runs_with_launch_py_from_another_directory(tmp_path):
+    log = run_example(tmp_path, [sys.executable, os.path.join(ROOT, "launch.py")])
+    check_the_example_learns_and_stops(log)
+
+
+def test_build_md_example_runs_with_the_console_command(tmp_path):
+    command = os.path.join(os.path.dirname(sys.executable), "tftrainer")
+    assert os.path.exists(command), "pip install -e . installs the tftrainer command"
+    check_the_example_learns_and_stops(run_example(tmp_path, [command]))
 
 
 def test_ci_runs_the_readme_test_command():

@@ -7,6 +7,7 @@ this run's model or optimizer (another width, another optimizer) stops the run
 with what differs: falling back would silently train something else.
 """
 
+import os
 import shutil
 import tempfile
 
@@ -32,26 +33,45 @@ class Checkpoints:
         self.manager = tf.train.CheckpointManager(
             checkpoint, directory if is_chief else tempfile.mkdtemp(),
             max_to_keep=max_to_keep, step_counter=step)
+        self.saved_step = None  # the step of the newest checkpoint restored or saved
 
     @property
     def latest(self):
         return tf.train.latest_checkpoint(self.directory)
 
     def save(self):
-        self.manager.save(checkpoint_number=self.step)
-        if not self.is_chief:
-            shutil.rmtree(self.manager.directory, ignore_errors=True)
+        """Saves at the current step, unless the newest checkpoint is already of it."""
+        step = int(self.step.numpy())
+        if step != self.saved_step:
+            self.manager.save(checkpoint_number=self.step)
+            self.saved_step = step
+            if not self.is_chief:
+                shutil.rmtree(self.manager.directory, ignore_errors=True)
 
-    def restore(self):
-        """Restores the newest readable checkpoint; returns its path, or None if there is none.
+    def write(self, prefix):
+        """Writes the state to `prefix` outside the rotation (e.g. the best checkpoint);
+        every worker must call it, only the chief's files are kept."""
+        if self.is_chief:
+            return self.checkpoint.write(prefix)
+        scratch = tempfile.mkdtemp()
+        self.checkpoint.write(os.path.join(scratch, "ckpt"))
+        shutil.rmtree(scratch, ignore_errors=True)
+        return prefix
+
+    def restore(self, path=None):
+        """Restores checkpoint `path`, or else the newest readable one; returns its path,
+        or None if there is none.
 
         Nothing is ever deleted. Raises IncompatibleCheckpointError for a
         checkpoint that reads fine but does not fit, RuntimeError when no
         checkpoint can be read.
         """
-        state = tf.train.get_checkpoint_state(self.directory)
-        paths = list(state.all_model_checkpoint_paths) if state else []
-        for path in reversed(paths):
+        if path:
+            paths = [path]
+        else:
+            state = tf.train.get_checkpoint_state(self.directory)
+            paths = list(state.all_model_checkpoint_paths) if state else []
+        for remaining, path in reversed(list(enumerate(paths))):
             try:
                 self.checkpoint.restore(path).assert_existing_objects_matched()
             except Exception as e:  # noqa: BLE001  (OpError, IndexError, ValueError... by damage)
@@ -63,10 +83,11 @@ class Checkpoints:
                         "config of the run that wrote the workdir is in its config.json. "
                         "Relaunch with that config to continue it, or use a new --workdir "
                         "to start from scratch. Nothing was changed.") from e
-                logging.warning("Checkpoint %s is unreadable (%s) Trying the previous one.",
-                                path, damage)
+                logging.warning("Checkpoint %s is unreadable (%s)%s", path, damage,
+                                " Trying the previous one." if remaining else "")
                 continue
-            logging.info("Restored %s (step %d).", path, int(self.step.numpy()))
+            self.saved_step = int(self.step.numpy())
+            logging.info("Restored %s (step %d).", path, self.saved_step)
             return path
         if paths:
             raise RuntimeError(f"No readable checkpoint in {self.directory} (tried "

@@ -1,20 +1,23 @@
-"""The Trainer: compiled train/eval steps, loops, checkpoints and summaries."""
+"""The Trainer: the model and its state, and the compiled train and eval steps.
 
-import json
+Everything that runs inside `tf.function` lives here, in the order it runs:
+`train_step` (forward, loss scaling, the one gradient all-reduce, skip or apply),
+the compiled loop of `steps_per_loop` steps, `eval_step`. The host loop around it
+(logging, checkpoints, evaluation, stopping) is `trainer/controller.py`.
+"""
+
 import os
-import signal
-import threading
-import time
 
 import keras
 import tensorflow as tf
 from absl import logging
 
 from trainer.checkpoints import Checkpoints
+from trainer.actions import format_metrics
+from trainer.controller import Controller, check_trainer_config
 from trainer.distribute import is_chief
 from trainer.loss_scale import LossScale, all_finite
 from trainer.optimizers import build_optimizer, disable_keras_all_reduce
-from trainer.workdir import is_local
 
 
 def _as_float32(outputs):
@@ -31,11 +34,6 @@ def _step_variable(name):
 
 
 SEED_STATE_NAME = "seed_generator_state"  # what keras.random.SeedGenerator names its state
-
-
-def _format_duration(seconds):
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 class Trainer:
@@ -59,9 +57,7 @@ class Trainer:
                 f"data.global_batch_size={self.global_batch_size} must be a positive "
                 f"multiple of the {replicas} replicas; set --config.data.global_batch_size "
                 f"to a multiple of {replicas}.")
-        if self.train_steps <= 0:
-            raise ValueError(f"trainer.train_steps must be > 0, got {self.train_steps}.")
-        check_intervals(config.trainer)
+        check_trainer_config(config.trainer)
         self.clip_norm = config.optimizer.clip_norm
         if config.trainer.deterministic:
             # With the step-derived input order of the tasks, this makes a resumed
@@ -97,7 +93,6 @@ class Trainer:
         self.max_nonfinite_steps = int(config.trainer.max_nonfinite_steps or (
             100 if self.loss_scale.enabled else 1))
         self.is_chief = is_chief(strategy)
-        self._multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
         self.checkpoints = Checkpoints(
             tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
                                 loss_scale=self.loss_scale, step=self.step),
@@ -107,7 +102,6 @@ class Trainer:
             self._forward_backward, jit_compile=bool(config.trainer.jit_compile))
         self.train_loop = tf.function(self._train_loop_fn)
         self.eval_loop = tf.function(self._eval_loop_fn)
-        self._writers = {}
         self._eval_dataset = None  # built on the first evaluation, reused after
 
     # ----------------------------------------------------------------- steps
@@ -222,7 +216,12 @@ class Trainer:
         for features, labels in dataset:
             self.strategy.run(self.eval_step, args=(features, labels))
 
-    # ----------------------------------------------------------------- loops
+    # ------------------------------------------------------- called by the host
+
+    def train(self, evaluate=True, actions=()):
+        """Trains to `trainer.train_steps` from wherever the workdir left off and returns
+        the last eval results; see `Controller` for what happens between steps."""
+        return Controller(self, evaluate=evaluate, actions=actions).train()
 
     def distributed_dataset(self, split):
         """Per-replica batches; train starts at the current (restored) step."""
@@ -230,9 +229,10 @@ class Trainer:
         return self.strategy.distribute_datasets_from_function(
             lambda ctx: self.task.build_inputs(split, ctx, start_step))
 
-    def restore(self):
-        """Restores the newest readable checkpoint of the workdir; returns its path or None."""
-        path = self.checkpoints.restore()
+    def restore(self, path=None):
+        """Restores checkpoint `path`, or the newest readable one of the workdir; returns
+        its path, or None if the workdir has none."""
+        path = self.checkpoints.restore(path)
         if path:
             message = self.loss_scale.after_restore(self.policy)
             if message:
@@ -247,89 +247,23 @@ class Trainer:
             self._eval_dataset = self.distributed_dataset("eval")
         self.eval_loop(self._eval_dataset)
         results = {m.name: float(m.result()) for m in self.eval_metrics}
-        step = int(self.step.numpy())
-        logging.info("eval @ step %d: %s", step, _format_metrics(results))
-        self._write_scalars("eval", results)
+        logging.info("eval @ step %d: %s", int(self.step.numpy()), format_metrics(results))
         return results
 
-    def train(self, evaluate=True):
-        """Trains to `trainer.train_steps` from wherever the workdir left off.
+    def train_results(self):
+        """The train metrics since the last call, with the optimizer's and loss scale's
+        state; resets the metrics."""
+        results = {m.name: float(m.result()) for m in self.train_metrics}
+        results.update(
+            learning_rate=float(tf.convert_to_tensor(self.optimizer.learning_rate)),
+            loss_scale=float(self.loss_scale.scale.numpy()),
+            grad_norm=float(self.grad_norm.result()),
+            skipped_steps=float(self.loss_scale.skipped_steps.numpy()))
+        for m in self.train_metrics + [self.grad_norm]:
+            m.reset_state()
+        return results
 
-        SIGTERM/SIGINT: the current host loop (at most `steps_per_loop` steps)
-        finishes, a checkpoint is written and `Preempted` is raised.
-        """
-        self.restore()
-        start_step, t_start = int(self.step.numpy()), time.time()
-        iterator = iter(self.distributed_dataset("train"))  # bad data fails before any write
-        self._write_start()
-        if start_step >= self.train_steps:
-            logging.info("Already trained to step %d >= train_steps=%d: nothing to train.",
-                         start_step, self.train_steps)
-        with _StopOnSignal() as stop:
-            try:
-                eval_results = self._host_loop(iterator, evaluate, stop)
-            except tf.errors.OpError as e:
-                if not self._multi_worker:
-                    raise
-                raise RuntimeError(
-                    f"A peer worker failed or became unreachable near step "
-                    f"{int(self.step.numpy())} ({type(e).__name__}: "
-                    f"{str(e).strip().splitlines()[0][:200]}). Relaunch every worker with the "
-                    "same --workdir: training resumes from "
-                    f"{self.checkpoints.latest}.") from e
-        if evaluate and eval_results is None:
-            eval_results = self.evaluate()
-        self._flush()
-        self._log_final(start_step, time.time() - t_start, eval_results)
-        return eval_results
-
-    def _host_loop(self, iterator, evaluate, stop):
-        """Compiled chunks of steps; logs, checkpoints and evals at their boundaries."""
-        tc = self.config.trainer
-        intervals = [tc.steps_per_loop, tc.log_every, tc.checkpoint_every,
-                     tc.eval_every if evaluate else 0]
-        boundaries = [b for b in intervals if b > 0]
-        step = step_log = int(self.step.numpy())
-        eval_results, train_seconds = None, 0.0  # seconds since the last log, eval excluded
-        while step < self.train_steps:
-            num_steps = min([b - step % b for b in boundaries] + [self.train_steps - step])
-            t0 = time.time()
-            self.train_loop(iterator, tf.constant(num_steps, tf.int64))
-            step = int(self.step.numpy())  # waits for the loop to finish
-            train_seconds += time.time() - t0
-            self._check_finite(step)
-            done = step >= self.train_steps
-            if done or _every(step, tc.log_every):
-                self._log_train(step, step - step_log, train_seconds)
-                train_seconds, step_log = 0.0, step
-            stopping = self._any_worker(stop.signum is not None)
-            if done or stopping or _every(step, tc.checkpoint_every):
-                self.save()
-            if stopping:
-                self._flush()
-                raise Preempted(f"Stopped by {stop.name} at step {step}; checkpoint saved in "
-                                f"{self.checkpoints.directory}. Relaunch with the same --workdir to "
-                                "continue from this step.", stop.signum or signal.SIGTERM)
-            if evaluate and (done or _every(step, tc.eval_every)):
-                eval_results = self.evaluate()
-        return eval_results
-
-    def save(self):
-        """Writes a checkpoint at the current step (all workers must call it)."""
-        self.checkpoints.save()
-
-    def _any_worker(self, flag):
-        """True on every worker if `flag` is True on any (keeps workers in lockstep)."""
-        if not self._multi_worker:
-            return flag
-        return bool(self._sum_over_replicas(tf.constant(int(flag))))
-
-    @tf.function
-    def _sum_over_replicas(self, value):
-        per_replica = self.strategy.run(tf.identity, args=(value,))
-        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-    def _check_finite(self, step):
+    def check_finite(self, step):
         """Stops the run, before anything is saved, if it has diverged."""
         streak = int(self.nonfinite_streak.numpy())
         weights_finite = bool(all_finite(self.model.weights))
@@ -347,128 +281,3 @@ class Trainer:
             "--config.optimizer.learning_rate, --config.optimizer.clip_norm=1.0, float32 "
             "or mixed_bfloat16 instead of mixed_float16, or a larger "
             f"--config.trainer.max_nonfinite_steps (now {self.max_nonfinite_steps}).")
-
-    # --------------------------------------------------------------- reports
-
-    def _writer(self, name):
-        if name not in self._writers:
-            self._writers[name] = (
-                tf.summary.create_file_writer(os.path.join(self.workdir, name)) if self.is_chief
-                else tf.summary.create_noop_writer())
-        return self._writers[name]
-
-    def _write_scalars(self, writer, scalars):
-        with self._writer(writer).as_default(step=self.step.read_value()):
-            for name, value in scalars.items():
-                tf.summary.scalar(name, value)
-        self._writer(writer).flush()
-
-    def _flush(self):
-        for w in self._writers.values():
-            w.flush()
-
-    def _log_train(self, step, num_steps, elapsed):
-        metrics = {m.name: float(m.result()) for m in self.train_metrics}
-        steps_per_sec = num_steps / max(elapsed, 1e-9)
-        eta = (self.train_steps - step) / max(steps_per_sec, 1e-9)
-        scalars = dict(metrics,
-                       learning_rate=float(tf.convert_to_tensor(self.optimizer.learning_rate)),
-                       loss_scale=float(self.loss_scale.scale.numpy()),
-                       grad_norm=float(self.grad_norm.result()),
-                       skipped_steps=float(self.loss_scale.skipped_steps.numpy()),
-                       steps_per_sec=steps_per_sec,
-                       examples_per_sec=steps_per_sec * self.global_batch_size)
-        if self.task.tokens_per_example:
-            scalars["tokens_per_sec"] = scalars["examples_per_sec"] * self.task.tokens_per_example
-        self._write_scalars("train", scalars)
-        tokens = (f", {scalars['tokens_per_sec']:.0f} tokens/s"
-                  if "tokens_per_sec" in scalars else "")
-        logging.info("step %d/%d: %s | %.0f ex/s%s, %.2f steps/s, ETA %s", step,
-                     self.train_steps, _format_metrics(metrics), scalars["examples_per_sec"],
-                     tokens, steps_per_sec, _format_duration(eta))
-        for m in self.train_metrics + [self.grad_norm]:
-            m.reset_state()
-
-    def _write_start(self):
-        if self.is_chief:
-            tf.io.gfile.makedirs(self.workdir)
-            with tf.io.gfile.GFile(os.path.join(self.workdir, "config.json"), "w") as f:
-                f.write(self.config.to_json_best_effort(indent=2))
-        with self._writer("train").as_default(step=self.step.read_value()):
-            tf.summary.text("config", "```\n" + str(self.config) + "\n```")
-        parent = os.path.dirname(os.path.abspath(self.workdir) if is_local(self.workdir)
-                                 else self.workdir.rstrip("/"))
-        logging.info("TensorBoard logs in %s; view with: tensorboard --logdir=%s",
-                     self.workdir, parent)
-
-    def _log_final(self, start_step, seconds, eval_results):
-        source = self.task.describe_data()
-        summary = {
-            "steps": int(self.step.numpy()), "steps_this_run": int(self.step.numpy()) - start_step,
-            "seconds": round(seconds, 1), "precision": self.policy,
-            "skipped_steps": int(self.loss_scale.skipped_steps.numpy()),
-            "data": source, "eval": eval_results,
-        }
-        logging.info("Done: %s", json.dumps(summary))
-        if "SYNTHETIC" in source:
-            logging.warning("This run used SYNTHETIC data, not the real dataset.")
-
-
-class Preempted(Exception):
-    """Training stopped on a signal after saving a checkpoint; `signum` says which."""
-
-    def __init__(self, message, signum):
-        super().__init__(message)
-        self.signum = signum
-
-
-class _StopOnSignal:
-    """Records SIGTERM/SIGINT instead of dying mid-step (main thread only).
-
-    Our own flag rather than tf.distribute's PreemptionCheckpointHandler, which
-    only serves MultiWorkerMirroredStrategy and TPUStrategy; `_any_worker`
-    shares the flag between workers.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self):
-        self.signum, self.previous = None, {}
-
-    @property
-    def name(self):
-        return signal.Signals(self.signum).name if self.signum else "a signal to another worker"
-
-    def _record(self, signum, frame):
-        self.signum = signum
-        logging.warning("Received %s: finishing the current loop, then saving a checkpoint.",
-                        self.name)
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self.previous = {s: signal.signal(s, self._record) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc):
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
-
-
-def _every(step, interval):
-    """True at multiples of `interval`; an interval of 0 never fires (the end of
-    training still logs, checkpoints and evaluates)."""
-    return interval > 0 and step % interval == 0
-
-
-def check_intervals(trainer_config):
-    """Interval fields are whole numbers of steps: steps_per_loop >= 1, the others >= 0."""
-    for name in ("steps_per_loop", "log_every", "checkpoint_every", "eval_every"):
-        value, minimum = trainer_config[name], 1 if name == "steps_per_loop" else 0
-        if not isinstance(value, int) or value < minimum:
-            raise ValueError(
-                f"trainer.{name}={value!r} must be an integer >= {minimum}"
-                + (" (0: only at the end of training)." if minimum == 0 else "."))
-
-
-def _format_metrics(metrics):
-    return " ".join(f"{k}={v:.4g}" for k, v in metrics.items())

@@ -12,7 +12,8 @@ import socket
 import tensorflow as tf
 from absl import logging
 
-LOCK_NAME = ".lock"
+LOCK_NAME = ".lock"          # held by the run that writes checkpoints
+EVAL_LOCK_NAME = ".eval_lock"  # held by a --mode=continuous_eval process
 gfile = tf.io.gfile
 
 
@@ -59,9 +60,9 @@ class WorkdirLock:
     started within the same moment may both pass.
     """
 
-    def __init__(self, workdir):
-        self.path = os.path.join(workdir, LOCK_NAME)
-        self.owner = {"pid": os.getpid(), "host": socket.gethostname()}
+    def __init__(self, workdir, name=LOCK_NAME, mode=None):
+        self.path = os.path.join(workdir, name)
+        self.owner = {"pid": os.getpid(), "host": socket.gethostname(), "mode": mode}
         self.held = False
 
     def acquire(self):
@@ -88,13 +89,9 @@ class WorkdirLock:
         return True
 
     def _handle_existing(self):
-        try:
-            with gfile.GFile(self.path) as f:
-                owner = json.load(f)
-        except (tf.errors.OpError, ValueError):
-            owner = {}
+        owner = _read_owner(self.path)
         pid, host = owner.get("pid"), owner.get("host")
-        if host == self.owner["host"] and isinstance(pid, int) and not _alive(pid):
+        if _is_stale(owner):
             logging.warning("Taking over the stale lock %s of pid %d on %s (no longer "
                             "running).", self.path, pid, host)
             self._remove()
@@ -120,3 +117,27 @@ class WorkdirLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+def _read_owner(path):
+    try:
+        with gfile.GFile(path) as f:
+            return json.load(f)
+    except (tf.errors.OpError, ValueError):
+        return {}
+
+
+def _is_stale(owner):
+    """Written by a process of this host that is no longer running."""
+    pid = owner.get("pid")
+    return owner.get("host") == socket.gethostname() and isinstance(pid, int) and not _alive(pid)
+
+
+def lock_holder(workdir, name):
+    """The owner ({pid, host, mode}) of lock `name` in `workdir`, or None if it is free
+    or stale."""
+    path = os.path.join(workdir, name)
+    if not gfile.exists(path):
+        return None
+    owner = _read_owner(path)
+    return None if _is_stale(owner) else owner

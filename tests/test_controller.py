@@ -1,0 +1,248 @@
+"""The host loop's actions: user actions, best checkpoint, early stop, time budget,
+continuous evaluation next to a training run."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+import tensorflow as tf
+
+import launch
+import tasks
+from conftest import tiny_config
+from trainer import Trainer
+from trainer.actions import Action
+from trainer.precision import set_policy
+from trainer.workdir import LOCK_NAME, WorkdirLock
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def build(config, workdir):
+    set_policy(config.precision, tf.distribute.get_strategy())
+    keras.utils.set_random_seed(config.seed)
+    return Trainer(config, tasks.get_task(config), tf.distribute.get_strategy(), str(workdir))
+
+
+def checkpoint_steps(directory):
+    state = tf.train.get_checkpoint_state(str(directory))
+    return [int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths] if state else []
+
+
+def event_steps(workdir, run, tag):
+    steps = []
+    for path in glob.glob(os.path.join(workdir, run, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            steps += [event.step for v in event.summary.value if v.tag == tag]
+    return sorted(steps)
+
+
+class Record(Action):
+    """Remembers the steps it ran at and the logs it saw."""
+
+    def __init__(self, every, at_end=True):
+        self.every, self.at_end, self.calls = every, at_end, []
+
+    def __call__(self, controller, step, logs):
+        self.calls.append((step, dict(logs)))
+
+
+def record_step(controller, step, logs, calls):
+    """A plain function action from the config; `calls` is a keyword argument there."""
+    calls.append(step)
+
+
+def test_actions_run_at_their_steps_with_the_logs_before_them(tmp_path):
+    config = tiny_config(**{"trainer.train_steps": 10, "trainer.steps_per_loop": 5,
+                            "trainer.log_every": 5, "trainer.eval_every": 6})
+    calls = []
+    config.actions.from_config = dict(action="test_controller.record_step", every=4,
+                                      calls=calls)
+    record = Record(every=3)
+    build(config, tmp_path).train(actions=[record])
+    assert [s for s, _ in record.calls] == [3, 6, 9, 10]  # 10: the end of training
+    logs = dict(record.calls)
+    assert "train/loss" not in logs[3] and "eval/accuracy" not in logs[3]
+    assert "eval/accuracy" in logs[6] and "train/loss" not in logs[6]
+    assert {"train/loss", "train/examples_per_sec", "eval/accuracy"} <= set(logs[10])
+    assert calls == [4, 8, 10]
+
+
+def test_actions_in_the_config_are_checked_before_training(tmp_path):
+    config = tiny_config()
+    config.actions.typo = dict(action="test_controller.no_such_action", every=2)
+    with pytest.raises(ImportError, match=r"config.actions.typo.action=.*no attribute "
+                                          r"'no_such_action'"):
+        build(config, tmp_path).train()
+    config.actions.typo = dict(every=2)
+    with pytest.raises(ValueError, match="config.actions.typo needs an `action`"):
+        build(config, tmp_path).train()
+    assert not os.listdir(tmp_path)
+
+
+def best_record(workdir):
+    return json.load(open(os.path.join(workdir, "best", "best.json")))
+
+
+def test_best_checkpoint_survives_rotation_and_restarts(tmp_path):
+    config = tiny_config(**{"trainer.train_steps": 10, "trainer.eval_every": 2,
+                            "trainer.checkpoint_every": 2, "trainer.max_to_keep": 1,
+                            "trainer.steps_per_loop": 2, "optimizer.learning_rate": 3e-3})
+    record = Record(every=2)
+    build(config, tmp_path).train(actions=[record])
+    accuracy = [(logs["eval/accuracy"], -step) for step, logs in record.calls]
+    best_value, best_step = max(accuracy)
+    best = best_record(tmp_path)
+    assert (best["value"], best["step"]) == (best_value, -best_step)  # the first of equals
+    assert checkpoint_steps(tmp_path / "checkpoints") == [10]  # rotation kept one
+    assert sorted(os.listdir(tmp_path / "best")) == [
+        "best.json", f"{best['checkpoint']}.data-00000-of-00001", f"{best['checkpoint']}.index"]
+
+    # A restarted run with frozen weights evaluates no better: the best stays the first
+    # run's (a run that forgot it would take its own first eval, at step 12).
+    config.trainer.train_steps = 14
+    config.optimizer.learning_rate = 0.0
+    build(config, tmp_path).train()
+    after = best_record(tmp_path)
+    assert (after["value"], after["step"]) == (best["value"], best["step"])
+    assert after["evals_since_best"] == best["evals_since_best"] + 2  # steps 12 and 14
+
+    restored = build(tiny_config(), tmp_path / "elsewhere")
+    restored.restore(str(tmp_path / "best" / best["checkpoint"]))
+    assert int(restored.step.numpy()) == best["step"]
+    assert restored.evaluate()["accuracy"] == best["value"]
+
+
+def test_a_failed_best_write_keeps_the_previous_best(tmp_path, monkeypatch):
+    config = tiny_config(**{"trainer.train_steps": 4, "trainer.eval_every": 2,
+                            "trainer.steps_per_loop": 2, "trainer.best_metric": "eval/loss",
+                            "trainer.best_mode": "min"})
+    build(config, tmp_path).train()
+    before = best_record(tmp_path)
+    files = sorted(os.listdir(tmp_path / "best"))
+
+    trainer = build(tiny_config(**{"trainer.train_steps": 8, "trainer.eval_every": 2,
+                                   "trainer.steps_per_loop": 2,
+                                   "trainer.best_metric": "eval/loss",
+                                   "trainer.best_mode": "min"}), tmp_path)
+
+    def killed_mid_write(prefix):
+        tf.io.gfile.GFile(prefix + ".index", "w").write("partial")
+        raise KeyboardInterrupt("killed while writing the best checkpoint")
+
+    monkeypatch.setattr(trainer.checkpoints, "write", killed_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert best_record(tmp_path) == before  # the JSON still names the complete checkpoint
+    assert set(files) <= set(os.listdir(tmp_path / "best"))
+    reader = tf.train.load_checkpoint(str(tmp_path / "best" / before["checkpoint"]))
+    assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == before["step"]
+
+
+def test_a_best_of_another_metric_is_not_overwritten(tmp_path):
+    build(tiny_config(**{"trainer.train_steps": 2}), tmp_path).train()
+    config = tiny_config(**{"trainer.train_steps": 4, "trainer.best_metric": "eval/loss",
+                            "trainer.best_mode": "min"})
+    with pytest.raises(ValueError, match=r"keeps the best by eval/accuracy \(max\).*"
+                                         r"best_metric=eval/accuracy"):
+        build(config, tmp_path).train()
+    assert best_record(tmp_path)["metric"] == "eval/accuracy"
+
+
+def test_early_stop_after_patience_evals_without_improvement(tmp_path, caplog):
+    caplog.set_level("INFO")
+    config = tiny_config(**{"trainer.train_steps": 40, "trainer.eval_every": 2,
+                            "trainer.steps_per_loop": 2, "trainer.checkpoint_every": 0,
+                            "trainer.early_stop_patience": 2,
+                            "optimizer.learning_rate": 0.0})  # no eval can improve
+    trainer = build(config, tmp_path)
+    trainer.train()
+    assert int(trainer.step.numpy()) == 6  # best at 2; no better at 4 and 6
+    assert checkpoint_steps(tmp_path / "checkpoints") == [6]  # the final checkpoint
+    done = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("Done:"))
+    assert "early stop: eval/accuracy did not improve for 2 evaluations" in done
+
+    again = build(config, tmp_path)  # relaunched: stays stopped
+    again.train()
+    assert int(again.step.numpy()) == 6
+
+
+def test_time_budget_stops_with_a_checkpoint_and_a_relaunch_finishes(tmp_path, caplog):
+    caplog.set_level("INFO")
+    config = tiny_config(**{"trainer.train_steps": 20, "trainer.steps_per_loop": 5,
+                            "trainer.checkpoint_every": 0, "trainer.max_seconds": 1e-6})
+    trainer = build(config, tmp_path)
+    trainer.train()
+    assert int(trainer.step.numpy()) == 5
+    assert checkpoint_steps(tmp_path / "checkpoints") == [5]
+    assert any("time budget: trainer.max_seconds=1e-06 exceeded" in r.getMessage()
+               for r in caplog.records)
+    assert event_steps(tmp_path, "eval", "loss") == []  # stopped to resume: no eval
+
+    config.trainer.max_seconds = 0.0
+    build(config, tmp_path).train()
+    assert checkpoint_steps(tmp_path / "checkpoints") == [5, 20]
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("early_stop_patience", 3, "needs trainer.best_metric"),
+    ("best_mode", "maximum", "must be 'max' or 'min'"),
+    ("max_seconds", -1.0, r"max_seconds=-1.0 must be a number >= 0"),
+])
+def test_bad_stop_settings_are_clear_errors(tmp_path, field, value, match):
+    overrides = {f"trainer.{field}": value}
+    if field == "early_stop_patience":
+        overrides["trainer.best_metric"] = ""
+    with pytest.raises(ValueError, match=match):
+        build(tiny_config(**overrides), tmp_path)
+
+
+def test_an_unknown_best_metric_lists_the_eval_metrics(tmp_path):
+    config = tiny_config(**{"trainer.best_metric": "eval/acc"})
+    with pytest.raises(ValueError, match=r"'eval/acc' is not an eval metric.*eval/accuracy"):
+        build(config, tmp_path).train()
+
+
+def test_continuous_eval_next_to_training_evaluates_every_checkpoint_once(tmp_path):
+    common = [f"--workdir={tmp_path}", "--config=configs/cifar.py",
+              "--config.data.source=synthetic", "--config.data.synthetic_train_size=256",
+              "--config.data.synthetic_test_size=64", "--config.data.global_batch_size=32",
+              "--config.distribution.strategy=default", "--config.precision=float32",
+              "--config.trainer.train_steps=16", "--config.trainer.steps_per_loop=4",
+              "--config.trainer.log_every=4", "--config.trainer.checkpoint_every=4",
+              "--config.trainer.max_to_keep=10"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    evaluator = subprocess.Popen([sys.executable, "launch.py", "--mode=continuous_eval",
+                                  *common, "--config.eval.timeout_seconds=120"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    training = subprocess.run([sys.executable, "launch.py", "--mode=train", *common], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=300)
+    assert training.returncode == 0, training.stderr[-3000:]
+    _, eval_log = evaluator.communicate(timeout=240)  # exits by itself
+    assert evaluator.returncode == 0, eval_log[-3000:]
+    assert "Evaluated the final checkpoint (step 16): done." in eval_log
+    assert checkpoint_steps(tmp_path / "checkpoints") == [4, 8, 12, 16]
+    assert event_steps(tmp_path, "eval", "accuracy") == [4, 8, 12, 16]  # each exactly once
+    assert "eval @ step" not in training.stderr  # the training run spent nothing on eval
+    assert best_record(tmp_path)["step"] in (4, 8, 12, 16)
+    assert not os.path.exists(tmp_path / ".eval_lock")
+
+    # Relaunched, it has nothing new to evaluate and gives up after the timeout.
+    again = subprocess.run([sys.executable, "launch.py", "--mode=continuous_eval", *common,
+                            "--config.eval.timeout_seconds=1"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "No new checkpoint" in again.stderr and "eval @ step" not in again.stderr
+    assert event_steps(tmp_path, "eval", "accuracy") == [4, 8, 12, 16]
+
+
+def test_continuous_eval_refuses_a_run_that_evaluates_itself(tmp_path):
+    config = tiny_config()
+    with WorkdirLock(str(tmp_path), LOCK_NAME, "train_and_eval"):
+        with pytest.raises(RuntimeError, match="two evaluators would both write eval/"):
+            launch.execute(config, str(tmp_path), "continuous_eval")
+    with WorkdirLock(str(tmp_path), LOCK_NAME, "train"):  # a --mode=train run is fine
+        assert launch._refuse_two_evaluators(str(tmp_path), "continuous_eval") is None

@@ -1,0 +1,167 @@
+"""Actions: what the host does between compiled chunks of train steps.
+
+The Controller runs the compiled loop up to the next step where an action is
+due, then calls the due actions in order. Logging, checkpointing, evaluation
+and the best checkpoint are actions like the ones a user writes:
+
+    class PrintLoss(Action):
+        def __call__(self, controller, step, logs):
+            print(step, logs["train/loss"])
+
+and adds from a config, with no change to the framework:
+
+    c.actions.print_loss = dict(action="my_actions.PrintLoss", every=100)
+
+`logs` holds what the actions before this one produced at this step:
+`train/<metric>` when the train metrics were logged, `eval/<metric>` when the
+model was evaluated.
+"""
+
+from absl import logging
+
+from trainer.plugins import import_object
+
+
+class Action:
+    """Something to do at some steps. Subclass it and implement `__call__`.
+
+    every: run at steps that are multiples of it (0: never in mid-run).
+    at_end: also run once training is over (train_steps reached, or an early
+        stop).
+    on_interrupt: also run when a signal or the time budget stops the run to
+        be resumed later; other actions are skipped then, to save quickly.
+    chief_only: run on the chief process alone (for actions that only write
+        files). Otherwise every worker calls it at the same step, so it may
+        hold collectives (save, evaluate) under MultiWorkerMirroredStrategy.
+    """
+
+    every = 0
+    at_end = True
+    on_interrupt = False
+    chief_only = False
+
+    def begin(self, controller):
+        """Called once before the first step of `Controller.train`, on every worker."""
+
+    def should_run(self, controller, step, logs):
+        """Whether to run at this boundary (`controller.done`: training is over;
+        `controller.interrupted`: why the run stops to be resumed, or None)."""
+        return (every(step, self.every) or (self.at_end and controller.done)
+                or (self.on_interrupt and controller.interrupted is not None))
+
+    def __call__(self, controller, step, logs):
+        raise NotImplementedError
+
+
+class LogTrain(Action):
+    """Train metrics, learning rate, loss scale and throughput: a log line, `train/`
+    summaries and `logs["train/..."]`."""
+
+    on_interrupt = True
+
+    def __init__(self, every):
+        self.every = every
+        self._last = None  # (step, train seconds) of the previous log
+
+    def __call__(self, controller, step, logs):
+        last_step, last_seconds = self._last or (controller.start_step, 0.0)
+        if step == last_step:
+            return  # nothing trained since the previous log
+        trainer = controller.trainer
+        seconds = controller.train_seconds - last_seconds  # evaluation and saves excluded
+        self._last = (step, controller.train_seconds)
+        results = trainer.train_results()
+        steps_per_sec = (step - last_step) / max(seconds, 1e-9)
+        examples_per_sec = steps_per_sec * trainer.global_batch_size
+        scalars = dict(results, steps_per_sec=steps_per_sec, examples_per_sec=examples_per_sec)
+        tokens = ""
+        if trainer.task.tokens_per_example:
+            scalars["tokens_per_sec"] = examples_per_sec * trainer.task.tokens_per_example
+            tokens = f", {scalars['tokens_per_sec']:.0f} tokens/s"
+        controller.summaries.scalars("train", scalars, step)
+        logs.update({f"train/{k}": v for k, v in scalars.items()})
+        metrics = {m.name: results[m.name] for m in trainer.train_metrics}
+        eta = (trainer.train_steps - step) / max(steps_per_sec, 1e-9)
+        logging.info("step %d/%d: %s | %.0f ex/s%s, %.2f steps/s, ETA %s", step,
+                     trainer.train_steps, format_metrics(metrics), examples_per_sec, tokens,
+                     steps_per_sec, format_duration(eta))
+
+
+class SaveCheckpoint(Action):
+    """Saves `workdir/checkpoints/ckpt-<step>`, also when the run stops early (a signal,
+    the time budget, early stopping). Every worker calls it: a save holds collectives."""
+
+    on_interrupt = True
+
+    def __init__(self, every):
+        self.every = every
+
+    def __call__(self, controller, step, logs):
+        controller.trainer.checkpoints.save()
+
+
+class Evaluate(Action):
+    """One pass over the eval split: `eval/` summaries at the step and `logs["eval/..."]`."""
+
+    def __init__(self, every):
+        self.every = every
+
+    def __call__(self, controller, step, logs):
+        results = controller.trainer.evaluate()
+        controller.summaries.scalars("eval", results, step)
+        logs.update({f"eval/{k}": v for k, v in results.items()})
+        controller.last_eval = results
+
+
+class FunctionAction(Action):
+    """A plain function `fn(controller, step, logs, **kwargs)` as an action."""
+
+    def __init__(self, fn, **kwargs):
+        self.fn, self.kwargs = fn, kwargs
+
+    def __call__(self, controller, step, logs):
+        self.fn(controller, step, logs, **self.kwargs)
+
+
+def from_config(actions_config):
+    """The user's actions, from `config.actions`: {name: {action: "module.Name",
+    every: N, at_end: bool, **constructor keyword arguments}}, in name order."""
+    actions = []
+    for name in sorted(actions_config or {}):
+        entry = dict(actions_config[name])
+        field = f"config.actions.{name}"
+        if "action" not in entry:
+            raise ValueError(f"{field} needs an `action`: the dotted path of an Action "
+                             "class or function, e.g. action='my_actions.PrintLoss'.")
+        target = import_object(entry.pop("action"), f"{field}.action")
+        schedule = {k: entry.pop(k) for k in ("every", "at_end") if k in entry}
+        if isinstance(target, type) and issubclass(target, Action):
+            action = target(**entry)
+        elif callable(target) and not isinstance(target, type):
+            action = FunctionAction(target, **entry)
+        else:
+            raise TypeError(f"{field}.action names {target!r}: neither an Action subclass "
+                            "nor a function.")
+        for key, value in schedule.items():
+            setattr(action, key, value)
+        if not isinstance(action.every, int) or action.every < 0:
+            raise ValueError(f"{field}.every={action.every!r} must be an integer >= 0 "
+                             "(0: only at the end of training).")
+        actions.append(action)
+    return actions
+
+
+def every(step, interval):
+    """True at multiples of `interval`; an interval of 0 never fires."""
+    return interval > 0 and step % interval == 0
+
+
+def format_metrics(metrics):
+    return " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+
+
+def format_duration(seconds):
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+

@@ -1,0 +1,298 @@
+"""The host loop: compiled chunks of train steps, actions at their boundaries, stopping.
+
+    while not done:
+        trainer.train_loop(iterator, steps to the next step where an action is due)
+        check for divergence; agree with every worker on a signal or the time budget
+        run the due actions (log, checkpoint, evaluate, best checkpoint, the user's)
+
+Every worker runs the same loop and calls its actions at the same steps, so an
+action may hold collectives; decisions that one process takes alone (a signal,
+its clock, a stop requested by an action) are agreed on by all-reducing a flag.
+"""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import tensorflow as tf
+from absl import logging
+
+from trainer import actions as actions_lib
+from trainer.best import BestCheckpoint
+from trainer.summaries import Summaries
+from trainer.workdir import is_local
+
+
+class Controller:
+    """Runs `trainer` to `trainer.train_steps` with its actions.
+
+    Built in, in this order: LogTrain (`log_every`), SaveCheckpoint
+    (`checkpoint_every`, and whenever the run stops early), Evaluate
+    (`eval_every`, if `evaluate`), BestCheckpoint (`best_metric`, with early
+    stopping after `early_stop_patience` evaluations without improvement); then
+    the actions of `config.actions`, then `actions`.
+    """
+
+    def __init__(self, trainer, evaluate=True, actions=()):
+        self.trainer = trainer
+        config, tc = trainer.config, trainer.config.trainer
+        self.summaries = Summaries(trainer.workdir, trainer.is_chief)
+        self.actions = [actions_lib.LogTrain(tc.log_every),
+                        actions_lib.SaveCheckpoint(tc.checkpoint_every)]
+        if tc.early_stop_patience and not evaluate:
+            raise ValueError(
+                f"trainer.early_stop_patience={tc.early_stop_patience} needs evaluation "
+                "during training (--mode=train_and_eval); set "
+                "--config.trainer.early_stop_patience=0 to train without it.")
+        if evaluate:
+            self.actions.append(actions_lib.Evaluate(tc.eval_every))
+            best = self.best_checkpoint()
+            if best:
+                self.actions.append(best)
+        self.actions += actions_lib.from_config(config.actions) + list(actions)
+        self.max_seconds = tc.max_seconds
+        self.step = self.start_step = int(trainer.step.numpy())
+        self.train_seconds = 0.0  # in the compiled train loop, this process
+        self.stop_reason = None   # set by `request_stop`, once every worker agrees
+        self.interrupted = None   # a signal or the time budget: stop, save, resume later
+        self.last_eval = None
+        self._requested = None
+        self._signalled = False
+
+    def best_checkpoint(self):
+        """The BestCheckpoint action `config.trainer` asks for, or None."""
+        tc = self.trainer.config.trainer
+        if not tc.best_metric:
+            return None
+        known = [f"eval/{m.name}" for m in self.trainer.eval_metrics]
+        if tc.best_metric not in known:
+            raise ValueError(f"trainer.best_metric={tc.best_metric!r} is not an eval metric "
+                             f"of this task; choose one of {', '.join(known)}.")
+        return BestCheckpoint(os.path.join(self.trainer.workdir, "best"), tc.best_metric,
+                              tc.best_mode, tc.early_stop_patience)
+
+    @property
+    def is_chief(self):
+        """The one process that writes the workdir."""
+        return self.trainer.is_chief
+
+    @property
+    def done(self):
+        """Training is over: `train_steps` reached, or an action requested the stop."""
+        return self.step >= self.trainer.train_steps or self.stop_reason is not None
+
+    def request_stop(self, reason):
+        """Ends training at this step (a checkpoint is written, `train` returns). Any
+        worker may ask; all of them stop at the same step."""
+        self._requested = reason
+
+    def any_worker(self, flag):
+        """True on every worker if `flag` is True on any."""
+        return self._any_workers([flag])[0]
+
+    def train(self):
+        """Trains from wherever the workdir left off; returns the last eval results.
+
+        SIGTERM/SIGINT: the current chunk of at most `steps_per_loop` steps
+        finishes, a checkpoint is written and `Preempted` is raised. The time
+        budget (`trainer.max_seconds`) stops the same way but returns.
+        """
+        trainer = self.trainer
+        trainer.restore()
+        self.step = self.start_step = int(trainer.step.numpy())
+        iterator = iter(trainer.distributed_dataset("train"))  # bad data fails before any write
+        self._write_start()
+        self._started = time.monotonic()
+        for action in self.actions:
+            action.begin(self)
+        self._agree_on_requests()
+        if self.done:
+            logging.info("Nothing to train at step %d: %s.", self.step, self.stop_reason or
+                         f"train_steps={trainer.train_steps} reached")
+            self._run_actions()  # evaluate at the end, as an uninterrupted run would
+        with _StopOnSignal() as stop:
+            try:
+                while not self.done:
+                    self._train_chunk(iterator)
+                    self.interrupted = self._interruption(stop)
+                    self._run_actions()
+                    if self.interrupted:
+                        break
+            except tf.errors.OpError as e:
+                raise self._peer_failure(e) if self._multi_worker else e
+        self.summaries.flush()
+        self._log_final()
+        if self._signalled:
+            raise Preempted(f"Stopped by {stop.name} at step {self.step}; checkpoint saved in "
+                            f"{trainer.checkpoints.directory}. Relaunch with the same "
+                            "--workdir to continue from this step.", stop.signum or signal.SIGTERM)
+        return self.last_eval
+
+    def evaluate(self):
+        """One evaluation at the current step, written to `eval/` (for --mode=eval)."""
+        logs = {}
+        actions_lib.Evaluate(0)(self, self.step, logs)
+        self.summaries.flush()
+        return self.last_eval
+
+    # ----------------------------------------------------------------- inside
+
+    def _train_chunk(self, iterator):
+        """Runs the compiled loop to the next step where an action is due."""
+        intervals = [self.trainer.config.trainer.steps_per_loop] + [
+            a.every for a in self.actions if a.every > 0]
+        num_steps = min([k - self.step % k for k in intervals]
+                        + [self.trainer.train_steps - self.step])
+        start = time.monotonic()
+        self.trainer.train_loop(iterator, tf.constant(num_steps, tf.int64))
+        self.step = int(self.trainer.step.numpy())  # waits for the loop to finish
+        self.train_seconds += time.monotonic() - start
+        self.trainer.check_finite(self.step)
+
+    def _interruption(self, stop):
+        """Why to stop and resume later (a signal, the time budget), agreed by every worker."""
+        elapsed = time.monotonic() - self._started
+        signalled, over_time = self._any_workers(
+            [stop.signum is not None, bool(self.max_seconds) and elapsed > self.max_seconds])
+        self._signalled = signalled
+        if signalled:
+            return f"stopped by {stop.name}"
+        if over_time:
+            return (f"time budget: trainer.max_seconds={self.max_seconds} exceeded after "
+                    f"{elapsed:.0f} s; relaunch with the same --workdir to continue")
+        return None
+
+    def _run_actions(self):
+        """Calls every due action once; a stop requested on the way makes the at-end
+        actions due, so they run in a second pass (e.g. the final checkpoint)."""
+        logs, ran = {}, set()
+        while True:
+            done = self.done
+            for i, action in enumerate(self.actions):
+                if (i in ran or (action.chief_only and not self.is_chief)
+                        or (self.interrupted and not action.on_interrupt)):
+                    continue
+                if action.should_run(self, self.step, logs):
+                    action(self, self.step, logs)
+                    ran.add(i)
+            self._agree_on_requests()
+            if self.done == done:
+                return logs
+
+    def _agree_on_requests(self):
+        if self.stop_reason is None and self.any_worker(self._requested is not None):
+            self.stop_reason = self._requested or "stop requested on another worker"
+            logging.info("Stopping at step %d: %s.", self.step, self.stop_reason)
+
+    @property
+    def _multi_worker(self):
+        return isinstance(self.trainer.strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+    def _any_workers(self, flags):
+        if not self._multi_worker:
+            return [bool(f) for f in flags]
+        counts = self._sum_over_workers(tf.constant([int(bool(f)) for f in flags]))
+        return [bool(c) for c in counts.numpy()]
+
+    @tf.function
+    def _sum_over_workers(self, value):
+        strategy = self.trainer.strategy
+        per_replica = strategy.run(tf.identity, args=(value,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    def _peer_failure(self, error):
+        return RuntimeError(
+            f"A peer worker failed or became unreachable near step "
+            f"{int(self.trainer.step.numpy())} ({type(error).__name__}: "
+            f"{str(error).strip().splitlines()[0][:200]}). Relaunch every worker with the "
+            "same --workdir: training resumes from "
+            f"{self.trainer.checkpoints.latest}.")
+
+    def _write_start(self):
+        trainer = self.trainer
+        if trainer.is_chief:
+            tf.io.gfile.makedirs(trainer.workdir)
+            with tf.io.gfile.GFile(os.path.join(trainer.workdir, "config.json"), "w") as f:
+                f.write(trainer.config.to_json_best_effort(indent=2))
+        self.summaries.text("train", "config", "```\n" + str(trainer.config) + "\n```",
+                            self.step)
+        parent = os.path.dirname(os.path.abspath(trainer.workdir) if is_local(trainer.workdir)
+                                 else trainer.workdir.rstrip("/"))
+        logging.info("TensorBoard logs in %s; view with: tensorboard --logdir=%s",
+                     trainer.workdir, parent)
+
+    def _log_final(self):
+        trainer = self.trainer
+        source = trainer.task.describe_data()
+        summary = {
+            "steps": self.step, "steps_this_run": self.step - self.start_step,
+            "seconds": round(time.monotonic() - self._started, 1), "precision": trainer.policy,
+            "skipped_steps": int(trainer.loss_scale.skipped_steps.numpy()),
+            "stopped": self.interrupted or self.stop_reason,
+            "data": source, "eval": self.last_eval,
+        }
+        logging.info("Done: %s", json.dumps(summary))
+        if "SYNTHETIC" in source:
+            logging.warning("This run used SYNTHETIC data, not the real dataset.")
+
+
+class Preempted(Exception):
+    """Training stopped on a signal after saving a checkpoint; `signum` says which."""
+
+    def __init__(self, message, signum):
+        super().__init__(message)
+        self.signum = signum
+
+
+class _StopOnSignal:
+    """Records SIGTERM/SIGINT instead of dying mid-step (main thread only).
+
+    Our own flag rather than tf.distribute's PreemptionCheckpointHandler, which
+    only serves MultiWorkerMirroredStrategy and TPUStrategy; the Controller
+    shares the flag between workers.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signum, self.previous = None, {}
+
+    @property
+    def name(self):
+        return signal.Signals(self.signum).name if self.signum else "a signal to another worker"
+
+    def _record(self, signum, frame):
+        self.signum = signum
+        logging.warning("Received %s: finishing the current loop, then saving a checkpoint.",
+                        self.name)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self._record) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def check_trainer_config(tc):
+    """Fails on `config.trainer` values the loop cannot honour, naming the fix."""
+    for name in ("steps_per_loop", "log_every", "checkpoint_every", "eval_every",
+                 "early_stop_patience"):
+        value, minimum = tc[name], 1 if name == "steps_per_loop" else 0
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise ValueError(
+                f"trainer.{name}={value!r} must be an integer >= {minimum}"
+                + (" (0: only at the end of training)." if name.endswith("_every") else "."))
+    if not isinstance(tc.max_seconds, (int, float)) or tc.max_seconds < 0:
+        raise ValueError(f"trainer.max_seconds={tc.max_seconds!r} must be a number >= 0 "
+                         "(0: no time budget).")
+    if tc.best_mode not in ("max", "min"):
+        raise ValueError(f"trainer.best_mode={tc.best_mode!r} must be 'max' or 'min'.")
+    if tc.early_stop_patience and not tc.best_metric:
+        raise ValueError("trainer.early_stop_patience needs trainer.best_metric, the eval "
+                         "metric to watch (e.g. --config.trainer.best_metric=eval/loss "
+                         "--config.trainer.best_mode=min).")

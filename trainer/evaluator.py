@@ -1,0 +1,85 @@
+"""--mode=continuous_eval: a process of its own evaluates each checkpoint of a run once.
+
+It reads `workdir/checkpoints` and writes only `eval/` summaries at each
+checkpoint's step, the best checkpoint (`best/`) and `continuous_eval.json`
+(the last step evaluated, so a restarted evaluator does not repeat one); it
+never writes a training checkpoint, so it does not take the training run's
+lock. Run the training job with `--mode=train`: it then spends no time on
+evaluation.
+"""
+
+import json
+import os
+
+import tensorflow as tf
+from absl import logging
+
+from trainer.actions import Evaluate
+from trainer.controller import Controller
+
+STATE = "continuous_eval.json"
+
+
+def continuous_eval(trainer):
+    """Evaluates every checkpoint newer than the last one evaluated, in step order;
+    returns once the checkpoint at `train_steps` is evaluated, or after
+    `config.eval.timeout_seconds` without a new checkpoint."""
+    config = trainer.config
+    if config.trainer.early_stop_patience:
+        raise ValueError(
+            "--mode=continuous_eval cannot stop the training run, so early stopping needs "
+            "--mode=train_and_eval; set --config.trainer.early_stop_patience=0.")
+    controller = Controller(trainer, evaluate=False)
+    evaluate, best = Evaluate(0), controller.best_checkpoint()
+    if best:
+        best.begin(controller)
+    state_path = os.path.join(trainer.workdir, STATE)
+    last = _read_state(state_path)
+    directory = trainer.checkpoints.directory
+    timeout = config.eval.timeout_seconds
+    logging.info("Watching %s for checkpoints after step %d (gives up after %s s without "
+                 "a new one).", directory, last, timeout)
+    for _ in tf.train.checkpoints_iterator(directory, timeout=timeout):
+        for step, path in _checkpoints_after(directory, last):
+            try:
+                trainer.restore(path)
+            except RuntimeError:  # unreadable, or rotated away by max_to_keep meanwhile
+                logging.warning("Skipping checkpoint %s: it can no longer be read.", path)
+                continue
+            controller.step = step
+            logs = {}
+            evaluate(controller, step, logs)
+            if best:
+                best(controller, step, logs)
+            controller.summaries.flush()
+            last = step
+            if controller.is_chief:
+                _write_state(state_path, step)
+            if step >= trainer.train_steps:
+                logging.info("Evaluated the final checkpoint (step %d): done.", step)
+                return controller.last_eval
+    logging.info("No new checkpoint in %s for %s s: done (last evaluated: step %d).",
+                 directory, timeout, last)
+    return controller.last_eval
+
+
+def _checkpoints_after(directory, last_step):
+    """(step, path) of the checkpoints in `directory` newer than `last_step`, oldest first."""
+    state = tf.train.get_checkpoint_state(directory)
+    paths = state.all_model_checkpoint_paths if state else []
+    steps = [(int(p.rsplit("-", 1)[1]), p) for p in paths]
+    return sorted((s, p) for s, p in steps if s > last_step)
+
+
+def _read_state(path):
+    if not tf.io.gfile.exists(path):
+        return -1
+    with tf.io.gfile.GFile(path) as f:
+        return int(json.load(f)["last_evaluated_step"])
+
+
+def _write_state(path, step):
+    temporary = path + ".tmp"
+    with tf.io.gfile.GFile(temporary, "w") as f:
+        f.write(json.dumps({"last_evaluated_step": step}))
+    tf.io.gfile.rename(temporary, path, overwrite=True)
