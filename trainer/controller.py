@@ -121,7 +121,9 @@ class Controller:
                     if self.interrupted:
                         break
             except tf.errors.OpError as e:
-                raise self._peer_failure(e) if self._multi_worker else e
+                if not self._multi_worker:
+                    raise
+                raise self._peer_failure(e) from e
         self.summaries.flush()
         self._log_final()
         if self._signalled:
