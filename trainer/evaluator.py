@@ -37,8 +37,9 @@ def continuous_eval(trainer):
     last = _read_state(state_path)
     directory = trainer.checkpoints.directory
     timeout = config.eval.timeout_seconds
-    logging.info("Watching %s for checkpoints after step %d (gives up after %s s without "
-                 "a new one).", directory, last, timeout)
+    logging.info("Watching %s for checkpoints (%s; gives up after %s s without a new one).",
+                 directory, f"evaluated up to step {last}" if last >= 0 else "none evaluated yet",
+                 timeout)
     for _ in tf.train.checkpoints_iterator(directory, timeout=timeout):
         for step, path in _checkpoints_after(directory, last):
             try:
