@@ -1,6 +1,6 @@
 """One worker of the multi-worker tests: trains a tiny CIFAR run, dumps its weights.
 
-Usage (TF_CONFIG set by the test): python multi_worker_main.py WORKDIR OUT.npz STEPS
+Usage (TF_CONFIG set by the test): python multi_worker_main.py WORKDIR OUT.npz STEPS [STOP_AT]
 """
 
 import os
@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 import tasks  # noqa: E402
 from configs import cifar  # noqa: E402
 from trainer import Trainer  # noqa: E402
+from trainer.actions import Action  # noqa: E402
 from trainer.distribute import build_strategy  # noqa: E402
 from trainer.precision import set_policy  # noqa: E402
 
@@ -25,7 +26,19 @@ def record_step(controller, step, logs, path):
         f.write(f"{step}\n")
 
 
-def main(workdir, out, steps):
+class StopOnChief(Action):
+    """Asks, on the chief alone, to stop at `step`: every worker must stop with it."""
+
+    chief_only = True
+
+    def __init__(self, step):
+        self.every = step
+
+    def __call__(self, controller, step, logs):
+        controller.request_stop(f"asked on the chief at step {step}")
+
+
+def main(workdir, out, steps, stop_at=None):
     logging.set_verbosity(logging.INFO)
     c = cifar.get_config()
     c.precision = "float32"
@@ -37,6 +50,8 @@ def main(workdir, out, steps):
                      checkpoint_every=10)
     c.actions.record = dict(action="multi_worker_main.record_step", every=5,
                             path=out + ".steps")
+    if stop_at:
+        c.actions.stop = dict(action="multi_worker_main.StopOnChief", step=int(stop_at))
     strategy = build_strategy(c.distribution)
     keras.utils.set_random_seed(c.seed)
     set_policy(c.precision, strategy)

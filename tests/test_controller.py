@@ -11,7 +11,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-import launch
+from trainer import cli
 import tasks
 from conftest import tiny_config
 from trainer import Trainer
@@ -98,7 +98,6 @@ def test_best_checkpoint_survives_rotation_and_restarts(tmp_path):
     best_value, best_step = max(accuracy)
     best = best_record(tmp_path)
     assert (best["value"], best["step"]) == (best_value, -best_step)  # the first of equals
-    assert checkpoint_steps(tmp_path / "checkpoints") == [10]  # rotation kept one
     assert sorted(os.listdir(tmp_path / "best")) == [
         "best.json", f"{best['checkpoint']}.data-00000-of-00001", f"{best['checkpoint']}.index"]
 
@@ -110,6 +109,8 @@ def test_best_checkpoint_survives_rotation_and_restarts(tmp_path):
     after = best_record(tmp_path)
     assert (after["value"], after["step"]) == (best["value"], best["step"])
     assert after["evals_since_best"] == best["evals_since_best"] + 2  # steps 12 and 14
+    assert checkpoint_steps(tmp_path / "checkpoints") == [14]  # rotation kept one, ...
+    assert os.path.exists(tmp_path / "best" / f"{best['checkpoint']}.index")  # ... not best
 
     restored = build(tiny_config(), tmp_path / "elsewhere")
     restored.restore(str(tmp_path / "best" / best["checkpoint"]))
@@ -117,30 +118,35 @@ def test_best_checkpoint_survives_rotation_and_restarts(tmp_path):
     assert restored.evaluate()["accuracy"] == best["value"]
 
 
-def test_a_failed_best_write_keeps_the_previous_best(tmp_path, monkeypatch):
-    config = tiny_config(**{"trainer.train_steps": 4, "trainer.eval_every": 2,
-                            "trainer.steps_per_loop": 2, "trainer.best_metric": "eval/loss",
-                            "trainer.best_mode": "min"})
-    build(config, tmp_path).train()
+def test_a_kill_during_the_best_write_keeps_the_previous_best(tmp_path, monkeypatch):
+    def config(steps):  # the checkpoint of each step is saved before its evaluation
+        return tiny_config(**{"trainer.train_steps": steps, "trainer.eval_every": 2,
+                              "trainer.checkpoint_every": 2, "trainer.steps_per_loop": 2,
+                              "trainer.best_metric": "eval/loss", "trainer.best_mode": "min"})
+
+    build(config(4), tmp_path).train()
     before = best_record(tmp_path)
-    files = sorted(os.listdir(tmp_path / "best"))
+    trainer = build(config(8), tmp_path)
 
-    trainer = build(tiny_config(**{"trainer.train_steps": 8, "trainer.eval_every": 2,
-                                   "trainer.steps_per_loop": 2,
-                                   "trainer.best_metric": "eval/loss",
-                                   "trainer.best_mode": "min"}), tmp_path)
-
-    def killed_mid_write(prefix):
-        tf.io.gfile.GFile(prefix + ".index", "w").write("partial")
+    def killed_mid_write(prefix):  # what tf.train.Checkpoint.write leaves when killed
+        tf.io.gfile.makedirs(prefix + "_temp")
+        tf.io.gfile.GFile(prefix + "_temp/part-00000-of-00001.index", "w").write("partial")
         raise KeyboardInterrupt("killed while writing the best checkpoint")
 
     monkeypatch.setattr(trainer.checkpoints, "write", killed_mid_write)
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     assert best_record(tmp_path) == before  # the JSON still names the complete checkpoint
-    assert set(files) <= set(os.listdir(tmp_path / "best"))
     reader = tf.train.load_checkpoint(str(tmp_path / "best" / before["checkpoint"]))
     assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == before["step"]
+
+    # Relaunched from the checkpoint of the killed step, so the next best is of a later
+    # step: the run goes on and clears the leftovers of the killed write.
+    build(config(8), tmp_path).train()
+    after = best_record(tmp_path)
+    assert after["step"] > before["step"] and after["value"] < before["value"]
+    assert sorted(os.listdir(tmp_path / "best")) == [
+        "best.json", f"{after['checkpoint']}.data-00000-of-00001", f"{after['checkpoint']}.index"]
 
 
 def test_a_best_of_another_metric_is_not_overwritten(tmp_path):
@@ -179,7 +185,7 @@ def test_time_budget_stops_with_a_checkpoint_and_a_relaunch_finishes(tmp_path, c
     trainer.train()
     assert int(trainer.step.numpy()) == 5
     assert checkpoint_steps(tmp_path / "checkpoints") == [5]
-    assert any("time budget: trainer.max_seconds=1e-06 exceeded" in r.getMessage()
+    assert any("time budget: trainer.max_seconds=1e-06 would be exceeded" in r.getMessage()
                for r in caplog.records)
     assert event_steps(tmp_path, "eval", "loss") == []  # stopped to resume: no eval
 
@@ -230,12 +236,13 @@ def test_continuous_eval_next_to_training_evaluates_every_checkpoint_once(tmp_pa
     assert best_record(tmp_path)["step"] in (4, 8, 12, 16)
     assert not os.path.exists(tmp_path / ".eval_lock")
 
-    # Relaunched, it has nothing new to evaluate and gives up after the timeout.
-    again = subprocess.run([sys.executable, "launch.py", "--mode=continuous_eval", *common,
-                            "--config.eval.timeout_seconds=1"], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=300)
+    # Relaunched, it knows the final checkpoint is done and exits at once (not after the
+    # default timeout of an hour).
+    again = subprocess.run([sys.executable, "launch.py", "--mode=continuous_eval", *common],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "No new checkpoint" in again.stderr and "eval @ step" not in again.stderr
+    assert "(step 16) was evaluated already" in again.stderr
+    assert "eval @ step" not in again.stderr
     assert event_steps(tmp_path, "eval", "accuracy") == [4, 8, 12, 16]
 
 
@@ -243,6 +250,6 @@ def test_continuous_eval_refuses_a_run_that_evaluates_itself(tmp_path):
     config = tiny_config()
     with WorkdirLock(str(tmp_path), LOCK_NAME, "train_and_eval"):
         with pytest.raises(RuntimeError, match="two evaluators would both write eval/"):
-            launch.execute(config, str(tmp_path), "continuous_eval")
+            cli.execute(config, str(tmp_path), "continuous_eval")
     with WorkdirLock(str(tmp_path), LOCK_NAME, "train"):  # a --mode=train run is fine
-        assert launch._refuse_two_evaluators(str(tmp_path), "continuous_eval") is None
+        assert cli._refuse_two_evaluators(str(tmp_path), "continuous_eval") is None

@@ -45,7 +45,7 @@ def check_the_example_learns_and_stops(log):
     assert summary["eval"]["accuracy"] > 0.85
     assert summary["eval"]["num_examples"] == 1024
     # the example action ended the run at the first eval reaching its target
-    assert summary["stopped"].startswith("eval/accuracy=")
+    assert summary["steps"] < 200 and summary["stopped"].startswith("eval/accuracy=")
     assert "reached the target 0.85" in summary["stopped"]
 
 

@@ -140,12 +140,12 @@ def test_second_launch_on_a_busy_workdir_is_refused(tmp_path):
 def test_a_whole_run_on_a_remote_workdir_writes_nothing_locally(tmp_path, monkeypatch):
     """ram:// (TensorFlow's in-memory filesystem) stands in for gs://: every file the run
     writes goes through tf.io.gfile, so nothing lands on the local disk."""
-    import launch
+    from trainer import cli
     monkeypatch.chdir(tmp_path)
     workdir = "ram://runs/remote"
     config = tiny_config(**{"trainer.train_steps": 10, "trainer.checkpoint_every": 5,
                             "trainer.eval_every": 10})
-    launch.execute(config, workdir, "train_and_eval")
+    cli.execute(config, workdir, "train_and_eval")
     gfile = tf.io.gfile
     assert json.loads(gfile.GFile(f"{workdir}/config.json").read())["trainer"]["train_steps"] == 10
     assert tf.train.latest_checkpoint(f"{workdir}/checkpoints").endswith("ckpt-10")
@@ -153,7 +153,7 @@ def test_a_whole_run_on_a_remote_workdir_writes_nothing_locally(tmp_path, monkey
         assert gfile.glob(f"{workdir}/{run}/events.out.tfevents.*"), run
     assert not gfile.exists(f"{workdir}/.lock")  # released
     assert os.listdir(tmp_path) == []  # no ./ram:/... folder, nothing else
-    launch.execute(config, workdir, "eval")  # and it reads back from there
+    cli.execute(config, workdir, "eval")  # and it reads back from there
 
 
 class _Strategy:

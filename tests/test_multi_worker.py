@@ -23,7 +23,7 @@ def free_ports(n):
     return ports
 
 
-def start_workers(workdir, out_dir, steps):
+def start_workers(workdir, out_dir, steps, *extra):
     cluster = {"worker": [f"localhost:{p}" for p in free_ports(2)]}
     procs = []
     for i in range(2):
@@ -33,7 +33,7 @@ def start_workers(workdir, out_dir, steps):
         log = open(os.path.join(out_dir, f"worker{i}.log"), "w")
         procs.append(subprocess.Popen(
             [sys.executable, os.path.join(HERE, "multi_worker_main.py"), str(workdir),
-             os.path.join(out_dir, f"worker{i}.npz"), str(steps)],
+             os.path.join(out_dir, f"worker{i}.npz"), str(steps), *extra],
             env=env, stdout=log, stderr=subprocess.STDOUT))
     return procs
 
@@ -73,6 +73,17 @@ def test_two_workers_train_alike_and_only_the_chief_writes(tmp_path):
     assert sorted(os.listdir(workdir)) == ["best", "checkpoints", "config.json", "eval", "train"]
     for i in range(2):  # the config's action ran on every worker at its steps
         assert open(tmp_path / f"worker{i}.npz.steps").read().split() == ["5", "10", "15", "20"]
+
+
+def test_a_stop_asked_on_the_chief_alone_stops_every_worker_at_that_step(tmp_path):
+    workdir = tmp_path / "wd"
+    codes = finish(start_workers(workdir, tmp_path, 40, "15"), timeout=240)
+    logs = [open(tmp_path / f"worker{i}.log").read() for i in range(2)]
+    assert codes == [0, 0], logs[0][-2000:] + logs[1][-2000:]
+    assert_same_weights(tmp_path, 15)
+    assert checkpoints(workdir) == [10, 15]  # the final checkpoint at the stop
+    for log in logs:
+        assert "Stopping at step 15: " in log
 
 
 def test_dead_worker_stops_the_other_and_relaunch_resumes(tmp_path):

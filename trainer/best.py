@@ -2,20 +2,22 @@
 
 `best/best.json` names the best checkpoint, its step, its eval metrics and how
 many evaluations since have not beaten it. The new checkpoint is written
-first, then the JSON (to a temporary file renamed over the old one), and only
-then are the older files deleted: a kill at any moment leaves a JSON naming a
-complete checkpoint. `best/` is outside the rotation of `max_to_keep`, and
-the JSON is read back when a run resumes, so the best is never forgotten.
+first, under its own step's name, then the JSON (a temporary file
+renamed over the old one), and only then are older files deleted: a kill at
+any moment leaves a JSON naming a complete checkpoint. `best/` is outside the
+rotation of `max_to_keep`, and the JSON is read back when a run resumes, so the
+best is never forgotten.
 """
 
-import json
 import math
 import os
+import re
 
 import tensorflow as tf
 from absl import logging
 
 from trainer.actions import Action
+from trainer.workdir import read_json
 
 RECORD = "best.json"
 
@@ -27,25 +29,28 @@ class BestCheckpoint(Action):
     def __init__(self, directory, metric, mode, patience=0):
         self.directory, self.metric, self.mode, self.patience = (
             directory, metric, mode, patience)
-        self.record = None  # read from best.json on first use
+        self.path = os.path.join(directory, RECORD)
+        self.record = None
 
     def begin(self, controller):
-        """A run resumed after its early stop stays stopped (unless patience grew)."""
+        """Reads best.json back; a run resumed after its early stop stays stopped
+        (unless the patience grew)."""
         self.record = self._read()
-        if self._patience_exhausted() and controller.is_chief:
+        if self._patience_exhausted():
             controller.request_stop(self._stop_reason())
 
     def should_run(self, controller, step, logs):
         return self.metric in logs
 
     def __call__(self, controller, step, logs):
-        record = self.record or self._read()
-        value = logs[self.metric]
+        if self.record is None:
+            self.record = self._read()
+        record, value = self.record, logs[self.metric]
         # The chief, which can read best.json, decides; every worker writes along
         # (a checkpoint write holds collectives).
-        improved = controller.any_worker(controller.is_chief and self._improves(value, record))
+        improved = controller.any_worker(controller.is_chief and self._improves(value, step))
         if improved:
-            name = f"ckpt-{step}"
+            name = f"ckpt-{step}"  # a new name: the best of another step is never overwritten
             controller.trainer.checkpoints.write(os.path.join(self.directory, name))
             previous = record["value"]
             record.update(value=value, step=step, checkpoint=name, evals_since_best=0,
@@ -57,12 +62,17 @@ class BestCheckpoint(Action):
         elif step != record["last_eval_step"]:  # a step judged before does not count twice
             record["evals_since_best"] += 1
         record["last_eval_step"] = step
-        self.record = record
-        if controller.is_chief:
-            self._write(record)
-            self._remove_all_but(record["checkpoint"])
-            if self._patience_exhausted():
-                controller.request_stop(self._stop_reason())
+        controller.files.write_json(self.path, record)
+        for path in self._stale_files(record["checkpoint"]):
+            controller.files.remove(path)
+        if self._patience_exhausted():
+            controller.request_stop(self._stop_reason())
+
+    def _improves(self, value, step):
+        best = self.record["value"]
+        if not math.isfinite(value) or step == self.record["step"]:
+            return False  # a step already best is not written again (in place)
+        return best is None or (value > best if self.mode == "max" else value < best)
 
     def _patience_exhausted(self):
         return bool(self.patience) and self.record["evals_since_best"] >= self.patience
@@ -73,24 +83,12 @@ class BestCheckpoint(Action):
                 f"(best {'none' if best is None else f'{best:.4g}'} at step "
                 f"{self.record['step']})")
 
-    def _improves(self, value, record):
-        if not math.isfinite(value):
-            return False
-        if record["value"] is None:
-            return True
-        return value > record["value"] if self.mode == "max" else value < record["value"]
-
-    @property
-    def path(self):
-        return os.path.join(self.directory, RECORD)
-
     def _read(self):
         fresh = dict(metric=self.metric, mode=self.mode, value=None, step=None,
                      checkpoint=None, eval={}, evals_since_best=0, last_eval_step=None)
-        if not tf.io.gfile.exists(self.path):
+        record = read_json(self.path, "the best checkpoint's record")
+        if record is None:
             return fresh
-        with tf.io.gfile.GFile(self.path) as f:
-            record = json.load(f)
         if (record.get("metric"), record.get("mode")) != (self.metric, self.mode):
             raise ValueError(
                 f"{self.path} keeps the best by {record.get('metric')} "
@@ -100,14 +98,11 @@ class BestCheckpoint(Action):
                 "away to start a new best.")
         return dict(fresh, **record)
 
-    def _write(self, record):
-        tf.io.gfile.makedirs(self.directory)
-        temporary = self.path + ".tmp"
-        with tf.io.gfile.GFile(temporary, "w") as f:
-            f.write(json.dumps(record, indent=2))
-        tf.io.gfile.rename(temporary, self.path, overwrite=True)
-
-    def _remove_all_but(self, name):
+    def _stale_files(self, keep):
+        """Checkpoint files in best/ other than `keep`'s, including the `<name>_temp/`
+        directory a write killed midway leaves behind."""
+        pattern = re.compile(r"ckpt-\d+(_temp|\.index|\.data-\d+-of-\d+)$")
         for path in tf.io.gfile.glob(os.path.join(self.directory, "ckpt-*")):
-            if os.path.basename(path).split(".")[0] != name:
-                tf.io.gfile.remove(path)
+            name = os.path.basename(path.rstrip("/"))
+            if pattern.match(name) and not name.startswith(f"{keep}.") and name != keep:
+                yield path

@@ -13,7 +13,6 @@ its clock, a stop requested by an action) are agreed on by all-reducing a flag.
 import json
 import os
 import signal
-import threading
 import time
 
 import tensorflow as tf
@@ -21,8 +20,9 @@ from absl import logging
 
 from trainer import actions as actions_lib
 from trainer.best import BestCheckpoint
+from trainer.signals import Preempted, StopOnSignal
 from trainer.summaries import Summaries
-from trainer.workdir import is_local
+from trainer.workdir import ChiefFiles, is_local
 
 
 class Controller:
@@ -39,6 +39,7 @@ class Controller:
         self.trainer = trainer
         config, tc = trainer.config, trainer.config.trainer
         self.summaries = Summaries(trainer.workdir, trainer.is_chief)
+        self.files = ChiefFiles(trainer.is_chief)  # what actions write besides summaries
         self.actions = [actions_lib.LogTrain(tc.log_every),
                         actions_lib.SaveCheckpoint(tc.checkpoint_every)]
         if tc.early_stop_patience and not evaluate:
@@ -46,6 +47,11 @@ class Controller:
                 f"trainer.early_stop_patience={tc.early_stop_patience} needs evaluation "
                 "during training (--mode=train_and_eval); set "
                 "--config.trainer.early_stop_patience=0 to train without it.")
+        if tc.early_stop_patience and not tc.eval_every:
+            raise ValueError(
+                f"trainer.early_stop_patience={tc.early_stop_patience} counts evaluations, "
+                "but trainer.eval_every=0 evaluates only at the end; set "
+                "--config.trainer.eval_every.")
         if evaluate:
             self.actions.append(actions_lib.Evaluate(tc.eval_every))
             best = self.best_checkpoint()
@@ -55,6 +61,7 @@ class Controller:
         self.max_seconds = tc.max_seconds
         self.step = self.start_step = int(trainer.step.numpy())
         self.train_seconds = 0.0  # in the compiled train loop, this process
+        self._slowest_cycle = 0.0  # seconds of a chunk and the actions after it
         self.stop_reason = None   # set by `request_stop`, once every worker agrees
         self.interrupted = None   # a signal or the time budget: stop, save, resume later
         self.last_eval = None
@@ -100,24 +107,27 @@ class Controller:
         budget (`trainer.max_seconds`) stops the same way but returns.
         """
         trainer = self.trainer
+        self._started = time.monotonic()
         trainer.restore()
         self.step = self.start_step = int(trainer.step.numpy())
         iterator = iter(trainer.distributed_dataset("train"))  # bad data fails before any write
-        self._write_start()
-        self._started = time.monotonic()
         for action in self.actions:
             action.begin(self)
+        self._write_start()
         self._agree_on_requests()
-        if self.done:
-            logging.info("Nothing to train at step %d: %s.", self.step, self.stop_reason or
-                         f"train_steps={trainer.train_steps} reached")
-            self._run_actions()  # evaluate at the end, as an uninterrupted run would
-        with _StopOnSignal() as stop:
+        with StopOnSignal() as stop:
             try:
+                if self.done:
+                    logging.info("Nothing to train at step %d: %s.", self.step,
+                                 self.stop_reason or f"train_steps={trainer.train_steps} reached")
+                    self._run_actions()  # evaluate at the end, as an uninterrupted run would
                 while not self.done:
+                    cycle_start = time.monotonic()
                     self._train_chunk(iterator)
                     self.interrupted = self._interruption(stop)
                     self._run_actions()
+                    self._slowest_cycle = max(self._slowest_cycle,
+                                              time.monotonic() - cycle_start)
                     if self.interrupted:
                         break
             except tf.errors.OpError as e:
@@ -154,16 +164,20 @@ class Controller:
         self.trainer.check_finite(self.step)
 
     def _interruption(self, stop):
-        """Why to stop and resume later (a signal, the time budget), agreed by every worker."""
+        """Why to stop and resume later, agreed by every worker: a signal, or the time
+        budget, which one more chunk and its actions, as slow as the slowest so far,
+        could overrun (so the last save is not cut off by a scheduler's limit)."""
         elapsed = time.monotonic() - self._started
-        signalled, over_time = self._any_workers(
-            [stop.signum is not None, bool(self.max_seconds) and elapsed > self.max_seconds])
+        over_time = bool(self.max_seconds) and (
+            elapsed + self._slowest_cycle > self.max_seconds)
+        signalled, over_time = self._any_workers([stop.signum is not None, over_time])
         self._signalled = signalled
         if signalled:
             return f"stopped by {stop.name}"
         if over_time:
-            return (f"time budget: trainer.max_seconds={self.max_seconds} exceeded after "
-                    f"{elapsed:.0f} s; relaunch with the same --workdir to continue")
+            return (f"time budget: trainer.max_seconds={self.max_seconds} would be exceeded "
+                    f"by another chunk after {elapsed:.0f} s; relaunch with the same --workdir "
+                    "to continue")
         return None
 
     def _run_actions(self):
@@ -214,10 +228,8 @@ class Controller:
 
     def _write_start(self):
         trainer = self.trainer
-        if trainer.is_chief:
-            tf.io.gfile.makedirs(trainer.workdir)
-            with tf.io.gfile.GFile(os.path.join(trainer.workdir, "config.json"), "w") as f:
-                f.write(trainer.config.to_json_best_effort(indent=2))
+        self.files.write_text(os.path.join(trainer.workdir, "config.json"),
+                              trainer.config.to_json_best_effort(indent=2))
         self.summaries.text("train", "config", "```\n" + str(trainer.config) + "\n```",
                             self.step)
         parent = os.path.dirname(os.path.abspath(trainer.workdir) if is_local(trainer.workdir)
@@ -238,46 +250,6 @@ class Controller:
         logging.info("Done: %s", json.dumps(summary))
         if "SYNTHETIC" in source:
             logging.warning("This run used SYNTHETIC data, not the real dataset.")
-
-
-class Preempted(Exception):
-    """Training stopped on a signal after saving a checkpoint; `signum` says which."""
-
-    def __init__(self, message, signum):
-        super().__init__(message)
-        self.signum = signum
-
-
-class _StopOnSignal:
-    """Records SIGTERM/SIGINT instead of dying mid-step (main thread only).
-
-    Our own flag rather than tf.distribute's PreemptionCheckpointHandler, which
-    only serves MultiWorkerMirroredStrategy and TPUStrategy; the Controller
-    shares the flag between workers.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self):
-        self.signum, self.previous = None, {}
-
-    @property
-    def name(self):
-        return signal.Signals(self.signum).name if self.signum else "a signal to another worker"
-
-    def _record(self, signum, frame):
-        self.signum = signum
-        logging.warning("Received %s: finishing the current loop, then saving a checkpoint.",
-                        self.name)
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self.previous = {s: signal.signal(s, self._record) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc):
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
 
 
 def check_trainer_config(tc):

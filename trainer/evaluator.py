@@ -8,7 +8,6 @@ lock. Run the training job with `--mode=train`: it then spends no time on
 evaluation.
 """
 
-import json
 import os
 
 import tensorflow as tf
@@ -16,27 +15,37 @@ from absl import logging
 
 from trainer.actions import Evaluate
 from trainer.controller import Controller
+from trainer.workdir import read_json
 
 STATE = "continuous_eval.json"
 
 
 def continuous_eval(trainer):
     """Evaluates every checkpoint newer than the last one evaluated, in step order;
-    returns once the checkpoint at `train_steps` is evaluated, or after
+    returns once the training run's final checkpoint is evaluated, or after
     `config.eval.timeout_seconds` without a new checkpoint."""
     config = trainer.config
     if config.trainer.early_stop_patience:
         raise ValueError(
             "--mode=continuous_eval cannot stop the training run, so early stopping needs "
             "--mode=train_and_eval; set --config.trainer.early_stop_patience=0.")
+    if isinstance(trainer.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        # Each worker would poll the directory on its own clock and could pick other
+        # checkpoints, while every evaluation holds collectives.
+        raise ValueError("--mode=continuous_eval runs in one process: set "
+                         "--config.distribution.strategy to mirrored, one_device or default.")
     controller = Controller(trainer, evaluate=False)
     evaluate, best = Evaluate(0), controller.best_checkpoint()
     if best:
         best.begin(controller)
     state_path = os.path.join(trainer.workdir, STATE)
-    last = _read_state(state_path)
+    state = read_json(state_path, "the continuous evaluator's progress")
+    last = state["last_evaluated_step"] if state else -1
     directory = trainer.checkpoints.directory
     timeout = config.eval.timeout_seconds
+    if last >= _final_step(trainer):
+        logging.info("The final checkpoint (step %d) was evaluated already: done.", last)
+        return None
     logging.info("Watching %s for checkpoints (%s; gives up after %s s without a new one).",
                  directory, f"evaluated up to step {last}" if last >= 0 else "none evaluated yet",
                  timeout)
@@ -54,14 +63,20 @@ def continuous_eval(trainer):
                 best(controller, step, logs)
             controller.summaries.flush()
             last = step
-            if controller.is_chief:
-                _write_state(state_path, step)
-            if step >= trainer.train_steps:
+            controller.files.write_json(state_path, {"last_evaluated_step": step})
+            if step >= _final_step(trainer):
                 logging.info("Evaluated the final checkpoint (step %d): done.", step)
                 return controller.last_eval
     logging.info("No new checkpoint in %s for %s s: done (last evaluated: step %d).",
                  directory, timeout, last)
     return controller.last_eval
+
+
+def _final_step(trainer):
+    """train_steps of the training run (its config.json, which a relaunch with more steps
+    updates), else of this process's config."""
+    written = read_json(os.path.join(trainer.workdir, "config.json"), "the run's config")
+    return written["trainer"]["train_steps"] if written else trainer.train_steps
 
 
 def _checkpoints_after(directory, last_step):
@@ -70,17 +85,3 @@ def _checkpoints_after(directory, last_step):
     paths = state.all_model_checkpoint_paths if state else []
     steps = [(int(p.rsplit("-", 1)[1]), p) for p in paths]
     return sorted((s, p) for s, p in steps if s > last_step)
-
-
-def _read_state(path):
-    if not tf.io.gfile.exists(path):
-        return -1
-    with tf.io.gfile.GFile(path) as f:
-        return int(json.load(f)["last_evaluated_step"])
-
-
-def _write_state(path, step):
-    temporary = path + ".tmp"
-    with tf.io.gfile.GFile(temporary, "w") as f:
-        f.write(json.dumps({"last_evaluated_step": step}))
-    tf.io.gfile.rename(temporary, path, overwrite=True)

@@ -1,8 +1,9 @@
 """User code named in the config: a Task module, an action class or function.
 
 Names are dotted import paths (`my_project.tasks`, `my_actions.PrintLoss`).
-launch.py puts the config file's own directory first on `sys.path`, so a file
-next to the config imports by its bare name, from any working directory.
+The command line (trainer/cli.py) puts the config file's own directory first on
+`sys.path`, so a file next to the config imports by its bare name, from any
+working directory.
 """
 
 import importlib

@@ -40,7 +40,7 @@ class Trainer:
     """Trains and evaluates `task` under `strategy` as `config.trainer` says.
 
     Build the strategy and set the Keras precision policy first (see
-    launch.py); the model, optimizer, loss scale and metrics are created here,
+    trainer/cli.py); the model, optimizer, loss scale and metrics are created here,
     under `strategy.scope()`.
     """
 

@@ -1,4 +1,5 @@
-"""The workdir: checks it is usable and locks it so two runs never write it at once.
+"""The workdir: checks it is usable, locks it so two runs never write it at once, and
+writes its files from the chief process only.
 
 Every file goes through `tf.io.gfile`, so a workdir may live on any filesystem
 TensorFlow supports (a local path, `gs://...`, `ram://...` in tests).
@@ -141,3 +142,44 @@ def lock_holder(workdir, name):
         return None
     owner = _read_owner(path)
     return None if _is_stale(owner) else owner
+
+
+class ChiefFiles:
+    """Writes and deletes workdir files on the chief; a no-op on every other process,
+    so the code that writes never has to ask where it runs (like `Summaries`)."""
+
+    def __init__(self, is_chief):
+        self.is_chief = is_chief
+
+    def write_text(self, path, text):
+        """Atomically where the filesystem allows: a temporary file renamed over `path`,
+        so a reader (or a kill) never sees half a file."""
+        if self.is_chief:
+            gfile.makedirs(os.path.dirname(path))
+            with gfile.GFile(path + ".tmp", "w") as f:
+                f.write(text)
+            gfile.rename(path + ".tmp", path, overwrite=True)
+
+    def write_json(self, path, value):
+        self.write_text(path, json.dumps(value, indent=2))
+
+    def remove(self, path):
+        """Deletes a file or a whole directory."""
+        if not self.is_chief:
+            return
+        if gfile.isdir(path):
+            gfile.rmtree(path)
+        else:
+            gfile.remove(path)
+
+
+def read_json(path, what):
+    """The JSON in `path`, None if there is none; a damaged file is a clear error."""
+    if not gfile.exists(path):
+        return None
+    try:
+        with gfile.GFile(path) as f:
+            return json.loads(f.read())
+    except ValueError as e:
+        raise ValueError(f"{path} ({what}) is not valid JSON ({e}). Move it away; "
+                         "nothing was changed.") from e

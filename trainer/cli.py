@@ -1,0 +1,105 @@
+"""The command line: `tftrainer` (or `python launch.py`) --config=FILE --workdir=DIR.
+
+Builds the strategy, sets the precision policy, builds the task and hands
+both to the Trainer. Any config field can be overridden, e.g.
+--config.trainer.train_steps=200 --config.precision=mixed_bfloat16.
+"""
+
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+import tasks
+from trainer import Trainer
+from trainer.controller import Controller
+from trainer.signals import Preempted
+from trainer.distribute import build_strategy, is_chief
+from trainer.evaluator import continuous_eval
+from trainer.precision import set_policy
+from trainer.workdir import EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, check_workdir, lock_holder
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Config file (a get_config() module).",
+                                lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, summaries and config.json.")
+flags.DEFINE_enum("mode", "train_and_eval",
+                  ["train", "eval", "train_and_eval", "continuous_eval", "sample"],
+                  "train: train only; eval: evaluate the latest checkpoint; "
+                  "train_and_eval: train, evaluating every trainer.eval_every steps; "
+                  "continuous_eval: evaluate each new checkpoint a --mode=train run writes; "
+                  "sample: print text from the latest checkpoint (language models).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    # Modules next to the config file (a Task, actions) import by their bare name.
+    config_dir = os.path.dirname(os.path.abspath(config_flags.get_config_filename(
+        FLAGS["config"])))
+    sys.path.insert(0, config_dir)
+    try:
+        execute(FLAGS.config, FLAGS.workdir, FLAGS.mode)
+    except Preempted as e:  # on every worker alike: the same message and exit status
+        logging.warning("%s", e)
+        logging.flush()
+        sys.exit(128 + e.signum)
+
+
+def execute(config, workdir, mode):
+    """Runs `mode` on `workdir` (any filesystem tf.io.gfile knows: a path, gs://, ram://)."""
+    import keras  # after flag parsing: keeps --help fast
+    strategy = build_strategy(config.distribution)  # first: multi-worker needs a fresh runtime
+    keras.utils.set_random_seed(config.seed)
+    if mode == "sample" or not is_chief(strategy):
+        run(config, strategy, workdir, mode)  # reads the workdir only / not the chief: no lock
+        return
+    check_workdir(workdir)
+    _refuse_two_evaluators(workdir, mode)
+    # The evaluator never writes checkpoints: it takes a lock of its own, not the run's.
+    with WorkdirLock(workdir, EVAL_LOCK_NAME if mode == "continuous_eval" else LOCK_NAME,
+                     mode):
+        run(config, strategy, workdir, mode)
+
+
+def _refuse_two_evaluators(workdir, mode):
+    """A train_and_eval run and a continuous evaluator would both write eval/ and best/."""
+    other = {"continuous_eval": LOCK_NAME, "train_and_eval": EVAL_LOCK_NAME}.get(mode)
+    owner = other and lock_holder(workdir, other)
+    if owner and "eval" in str(owner.get("mode")):
+        raise RuntimeError(
+            f"--mode={mode}: pid {owner.get('pid')} on {owner.get('host')} already evaluates "
+            f"{workdir} (--mode={owner.get('mode')}); two evaluators would both write eval/ "
+            "and best/. Train with --mode=train next to a --mode=continuous_eval process, "
+            "or use --mode=train_and_eval alone.")
+
+
+def run(config, strategy, workdir, mode):
+    set_policy(config.precision, strategy)
+    task = tasks.get_task(config)
+    trainer = Trainer(config, task, strategy, workdir)
+    if mode == "continuous_eval":
+        continuous_eval(trainer)
+    elif mode in ("eval", "sample"):
+        if mode == "sample" and not hasattr(task, "sample"):
+            raise ValueError(f"--mode=sample: task {config.task.name!r} cannot generate text.")
+        if not trainer.restore():
+            raise FileNotFoundError(
+                f"--mode={mode}: no checkpoint in {workdir}/checkpoints. Train "
+                "first (--mode=train_and_eval) or point --workdir at a trained run.")
+        if mode == "eval":
+            Controller(trainer).evaluate()
+        else:
+            s = config.sample
+            prompt = s.prompt.encode()
+            text = task.sample(trainer.model, prompt, s.num_bytes, s.temperature, s.top_k, s.seed)
+            print((prompt + text).decode("utf-8", errors="replace"))
+    else:
+        trainer.train(evaluate=mode == "train_and_eval")
+
+
+def entry():
+    """The `tftrainer` console command."""
+    app.run(main)
