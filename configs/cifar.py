@@ -12,6 +12,9 @@ def get_config():
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.precision = "auto"  # float32 | mixed_float16 | mixed_bfloat16 | auto
+    # Regexes over layer paths (keras Layer.path, e.g. ".*layer_normalization.*"): matching
+    # layers compute in float32 under a mixed policy; the start of a run logs every layer's.
+    c.precision_overrides = ml_collections.ConfigDict(dict(float32_layers=()))
 
     # module: a Task module of your own to import first (it registers `name`), e.g.
     # "my_task" for a my_task.py next to your config file.

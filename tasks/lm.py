@@ -11,7 +11,7 @@ import tensorflow as tf
 from absl import logging
 
 from tasks import base, register
-from tasks.transformer import Block, warn_if_not_multiple_of_8
+from tasks.transformer import Block
 
 VOCAB = 256
 
@@ -124,8 +124,6 @@ class ByteLMTask(base.Task):
 
     def build_model(self):
         m = self.config.model
-        warn_if_not_multiple_of_8(d_model=m.d_model, mlp_dim=m.mlp_dim,
-                                  head_dim=m.d_model // m.num_heads, seq_len=m.seq_len)
         model = ByteLM(m.seq_len, m.num_layers, m.d_model, m.num_heads, m.mlp_dim, m.dropout,
                        m.tie_embeddings, m.remat)
         model(tf.zeros((1, m.seq_len), tf.int32))

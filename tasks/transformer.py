@@ -2,17 +2,6 @@
 
 import keras
 import tensorflow as tf
-from absl import logging
-
-
-def warn_if_not_multiple_of_8(**dims):
-    """Tensor Cores want dimensions that are multiples of 8 under mixed precision."""
-    if keras.mixed_precision.global_policy().name == "float32":
-        return
-    odd = {k: v for k, v in dims.items() if v % 8}
-    if odd:
-        logging.warning("Under mixed precision, dimensions that are not multiples of 8 "
-                        "leave Tensor Cores idle: %s.", odd)
 
 
 class Block(keras.layers.Layer):

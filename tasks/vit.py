@@ -3,7 +3,7 @@
 import keras
 import tensorflow as tf
 
-from tasks.transformer import Block, warn_if_not_multiple_of_8
+from tasks.transformer import Block
 
 
 class ViT(keras.Model):
@@ -45,8 +45,6 @@ class ViT(keras.Model):
 
 def vit(m, num_classes=10):
     """`m` is `config.model` (patch_size, num_layers, d_model, num_heads, mlp_dim, ...)."""
-    warn_if_not_multiple_of_8(d_model=m.d_model, mlp_dim=m.mlp_dim,
-                              head_dim=m.d_model // m.num_heads)
     model = ViT(32, m.patch_size, m.num_layers, m.d_model, m.num_heads, m.mlp_dim,
                 m.dropout, m.pool, m.remat, num_classes)
     model(tf.zeros((1, 32, 32, 3)))

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -30,9 +31,12 @@ def launch(workdir, *args, config="configs/cifar.py"):
 
 def test_cli_trains_resumes_and_evaluates(tmp_path):
     run = launch(tmp_path, *TINY, "--config.trainer.train_steps=8",
-                 "--config.precision=mixed_bfloat16")
+                 "--config.precision=mixed_bfloat16",
+                 """--config.precision_overrides.float32_layers=[".*dense.*"]""")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "step 8/8" in run.stderr and "Precision policy mixed_bfloat16" in run.stderr
+    assert re.search(r"float32 +Dense x2: seed_cnn/dense", run.stderr)  # the dtype table
+    assert re.search(r"bfloat16 +Conv2D x1: seed_cnn/conv2d", run.stderr)
     assert "tensorboard --logdir" in run.stderr and "SYNTHETIC" in run.stderr
     run = launch(tmp_path, *TINY, "--config.trainer.train_steps=12")
     assert run.returncode == 0, run.stderr[-3000:]

@@ -18,6 +18,8 @@ from trainer.controller import Controller, check_trainer_config
 from trainer.distribute import is_chief
 from trainer.loss_scale import LossScale, all_finite
 from trainer.optimizers import build_optimizer, disable_keras_all_reduce
+from trainer.precision import (advise_shapes, check_float32_layers, policy_name,
+                               use_float32_layers)
 
 
 def _as_float32(outputs):
@@ -63,7 +65,9 @@ class Trainer:
             # With the step-derived input order of the tasks, this makes a resumed
             # run bitwise equal to an uninterrupted one (on CPU; slower kernels).
             tf.config.experimental.enable_op_determinism()
-        self.policy = keras.mixed_precision.global_policy().name
+        float32_layers = tuple(config.precision_overrides.float32_layers)
+        use_float32_layers(float32_layers)
+        self.policy = policy_name()
 
         with strategy.scope():
             self.model = task.build_model()
@@ -82,6 +86,10 @@ class Trainer:
             self.grad_norm = keras.metrics.Mean("grad_norm")
             self.eval_metrics = ([keras.metrics.Mean("loss"), keras.metrics.Sum("num_examples")]
                                  + task.build_metrics())
+
+        check_float32_layers(self.model, float32_layers)
+        advise_shapes(self.model, {"per-replica batch": self.global_batch_size // replicas,
+                                   "sequence length": task.tokens_per_example}, strategy)
 
         # Keras' dropout draws from SeedGenerator variables; the Trainer sets them at
         # each step from (seed, step, replica), see `_reseed`. The non-trainable

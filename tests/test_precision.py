@@ -1,0 +1,93 @@
+"""Per-layer float32 overrides and the shape advisor."""
+
+import re
+
+import keras
+import pytest
+import tensorflow as tf
+
+import tasks
+from conftest import tiny_config
+from configs import lm
+from trainer import Trainer
+from trainer.precision import advise_shapes, layers_of, misaligned_shapes, set_policy
+
+
+def build(config, workdir):
+    set_policy(config.precision, tf.distribute.get_strategy())
+    keras.utils.set_random_seed(config.seed)
+    return Trainer(config, tasks.get_task(config), tf.distribute.get_strategy(), str(workdir))
+
+
+def tiny_lm_config(precision, **overrides):
+    c = lm.get_config()
+    c.precision = precision
+    c.model.update(seq_len=16, num_layers=2, d_model=16, num_heads=2, mlp_dim=32)
+    c.data.update(max_bytes=20_000, global_batch_size=8)
+    c.optimizer.warmup_steps = 1
+    c.distribution.strategy = "default"
+    c.trainer.update(train_steps=2, steps_per_loop=2, log_every=2, eval_every=2,
+                     checkpoint_every=2)
+    for key, value in overrides.items():
+        section, field = key.split(".")
+        c[section][field] = value
+    return c
+
+
+@pytest.mark.parametrize("make_config,pattern,expected_class", [
+    (tiny_config, ".*conv2d.*", "Conv2D"),
+    (tiny_lm_config, ".*layer_normalization.*", "LayerNormalization"),
+])
+def test_float32_layers_change_exactly_the_matching_layers(tmp_path, make_config, pattern,
+                                                           expected_class):
+    baseline = build(make_config(precision="mixed_bfloat16", **{"trainer.train_steps": 2}),
+                     tmp_path / "a")
+    config = make_config(precision="mixed_bfloat16", **{"trainer.train_steps": 2})
+    config.precision_overrides.float32_layers = (pattern,)
+    overridden = build(config, tmp_path / "b")
+    before, after = layers_of(baseline.model), layers_of(overridden.model)
+    assert [type(l) for l in before] == [type(l) for l in after]
+    changed = [a for b, a in zip(before, after) if a.compute_dtype != b.compute_dtype]
+    assert changed and all(type(l).__name__ == expected_class for l in changed)
+    for b, a in zip(before, after):  # the matching layers, and only they
+        matches = bool(re.fullmatch(pattern, a.path))
+        assert a.compute_dtype == ("float32" if matches else b.compute_dtype), a.path
+    assert overridden.policy == "mixed_bfloat16"
+    # The same variables either way: a checkpoint of one restores into the other.
+    overridden.train(evaluate=False)
+    restored = build(make_config(precision="mixed_bfloat16"), tmp_path / "b")
+    assert restored.restore()
+    assert int(restored.step.numpy()) == int(overridden.step.numpy()) > 0
+
+
+@pytest.mark.parametrize("pattern,match", [
+    ("layer_norm", r"'layer_norm' matches no layer path.*Some paths of this model: seed_cnn"),
+    ("conv2d[", r"'conv2d\[' is not a regular expression"),
+])
+def test_a_bad_float32_layers_pattern_is_a_clear_error(tmp_path, pattern, match):
+    config = tiny_config(precision="mixed_bfloat16")
+    config.precision_overrides.float32_layers = (".*conv2d.*", pattern)
+    with pytest.raises(ValueError, match=match):
+        build(config, tmp_path)
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
+
+
+def test_the_advisor_names_exactly_the_misaligned_layers():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.Conv2D(16, 3, name="conv_ok")(inputs)       # 3 input channels: fine
+    x = keras.layers.Conv2D(12, 3, name="conv_odd")(x)           # 12 filters
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(32, name="dense_ok")(x)               # 576 in, 32 out
+    x = keras.layers.Dense(20, name="dense_odd")(x)              # 20 out
+    outputs = keras.layers.Dense(10, dtype="float32", name="head")(x)  # 20 in, 10 out
+    model = keras.Model(inputs, outputs)
+    found = {path: odd for path, _, odd in misaligned_shapes(model, 8)}
+    assert found == {"conv_odd": {"filters": (12, 16)}, "dense_odd": {"out": (20, 24)},
+                     "head": {"in": (20, 24), "out": (10, 16)}}
+    batch = advise_shapes(model, {"per-replica batch": 12}, tf.distribute.get_strategy())
+    assert ("per-replica batch", "", {"size": (12, 16)}) in batch
+    assert [p for p, _, _ in misaligned_shapes(model, 128)] == [
+        "conv_ok", "conv_odd", "dense_ok", "dense_odd", "head"]  # a TPU wants 128
+    keras.mixed_precision.set_global_policy("float32")
+    assert advise_shapes(model, {"per-replica batch": 12}, tf.distribute.get_strategy()) == []
