@@ -1,5 +1,6 @@
 """Per-layer float32 overrides and the shape advisor."""
 
+import json
 import re
 
 import keras
@@ -11,6 +12,7 @@ from conftest import tiny_config
 from configs import lm
 from trainer import Trainer
 from trainer.precision import advise_shapes, layers_of, misaligned_shapes, set_policy
+from trainer.precision_check import precision_check
 
 
 def build(config, workdir):
@@ -91,3 +93,65 @@ def test_the_advisor_names_exactly_the_misaligned_layers():
         "conv_ok", "conv_odd", "dense_ok", "dense_odd", "head"]  # a TPU wants 128
     keras.mixed_precision.set_global_policy("float32")
     assert advise_shapes(model, {"per-replica batch": 12}, tf.distribute.get_strategy()) == []
+
+
+class Scale(keras.layers.Layer):
+    """Multiplies by a constant in the compute dtype (1e-12 is 0 in float16)."""
+
+    def __init__(self, factor, **kwargs):
+        super().__init__(**kwargs)
+        self.factor = factor
+
+    def call(self, x):
+        return x * tf.cast(self.factor, x.dtype)
+
+
+class TwoHeads(tasks.base.Task):
+    """Sign of a sum, from a main head plus a branch whose output is scaled by `factor`
+    before the loss: at 1e-12 the branch's gradients vanish in float16, not in float32."""
+
+    def __init__(self, config, factor):
+        super().__init__(config)
+        self.factor = factor
+
+    def build_model(self):
+        inputs = keras.Input((8,))
+        hidden = keras.layers.Dense(16, activation="relu", name="hidden")(inputs)
+        main = keras.layers.Dense(2, name="main")(hidden)
+        branch = Scale(self.factor, name="scale")(keras.layers.Dense(2, name="branch")(hidden))
+        logits = keras.layers.Add(dtype="float32", name="logits")([main, branch])
+        return keras.Model(inputs, logits, name="two_heads")
+
+    def build_inputs(self, split, input_context, start_step=0):
+        x = tf.random.stateless_normal((256, 8), seed=(1, 2))
+        y = tf.cast(tf.reduce_sum(x, axis=1) > 0, tf.int32)
+        batch = input_context.get_per_replica_batch_size(self.config.data.global_batch_size)
+        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch, drop_remainder=True)
+
+    def compute_loss(self, labels, outputs):
+        return keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
+
+    def build_metrics(self):
+        return []
+
+    def update_metrics(self, metrics, labels, outputs):
+        pass
+
+
+@pytest.mark.parametrize("factor,verdict", [(1e-12, "change"), (1.0, "ok")])
+def test_the_check_flags_a_branch_that_underflows_in_float16(tmp_path, factor, verdict):
+    config = tiny_config(precision="mixed_float16", **{"numerics.check_steps": 3,
+                                                       "optimizer.learning_rate": 1e-2})
+    report = precision_check(config, tf.distribute.get_strategy(), str(tmp_path),
+                             lambda c: TwoHeads(c, factor))
+    assert report["verdict"] == verdict, report["advice"]
+    rows = report["layers"]["step 0"]
+    assert set(rows) == {"hidden", "main", "branch"}
+    if verdict == "change":
+        assert rows["branch"]["underflow"] == 1.0
+        assert rows["main"]["underflow"] == 0.0
+        assert """float32_layers='["branch"]'""" in report["advice"][0]
+    for layer in ("hidden", "main"):  # float16's headroom is reported
+        assert rows[layer]["headroom_low_bits"] > 0 and rows[layer]["headroom_high_bits"] > 0
+    saved = json.load(open(tmp_path / "precision_check.json"))
+    assert saved["verdict"] == verdict and len(saved["loss"]["float32"]) == 3

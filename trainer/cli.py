@@ -18,6 +18,7 @@ from trainer.signals import Preempted
 from trainer.distribute import build_strategy, is_chief
 from trainer.evaluator import continuous_eval
 from trainer.precision import set_policy
+from trainer.precision_check import precision_check
 from trainer.workdir import EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, check_workdir, lock_holder
 
 FLAGS = flags.FLAGS
@@ -25,11 +26,14 @@ config_flags.DEFINE_config_file("config", None, "Config file (a get_config() mod
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, summaries and config.json.")
 flags.DEFINE_enum("mode", "train_and_eval",
-                  ["train", "eval", "train_and_eval", "continuous_eval", "sample"],
+                  ["train", "eval", "train_and_eval", "continuous_eval", "sample",
+                   "precision_check"],
                   "train: train only; eval: evaluate the latest checkpoint; "
                   "train_and_eval: train, evaluating every trainer.eval_every steps; "
                   "continuous_eval: evaluate each new checkpoint a --mode=train run writes; "
-                  "sample: print text from the latest checkpoint (language models).")
+                  "sample: print text from the latest checkpoint (language models); "
+                  "precision_check: the mixed policy against float32, layer by layer, "
+                  "for numerics.check_steps steps.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -77,6 +81,9 @@ def _refuse_two_evaluators(workdir, mode):
 
 
 def run(config, strategy, workdir, mode):
+    if mode == "precision_check":
+        precision_check(config, strategy, workdir, tasks.get_task)
+        return
     set_policy(config.precision, strategy)
     task = tasks.get_task(config)
     trainer = Trainer(config, task, strategy, workdir)
