@@ -15,8 +15,9 @@ def get_config():
     # Regexes over layer paths (keras Layer.path, e.g. ".*layer_normalization.*"): matching
     # layers compute in float32 under a mixed policy; the start of a run logs every layer's.
     c.precision_overrides = ml_collections.ConfigDict(dict(float32_layers=()))
-    # --mode=precision_check: steps of float32 and of the mixed policy side by side.
-    c.numerics = ml_collections.ConfigDict(dict(check_steps=20))
+    # every: gradient telemetry every N steps (numerics/ in TensorBoard, numerics.json at
+    # the end; 0: off, nothing added to the step). check_steps: --mode=precision_check.
+    c.numerics = ml_collections.ConfigDict(dict(every=0, check_steps=20))
 
     # module: a Task module of your own to import first (it registers `name`), e.g.
     # "my_task" for a my_task.py next to your config file.

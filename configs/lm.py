@@ -12,7 +12,7 @@ def get_config():
     c.seed = 0
     c.precision = "auto"
     c.precision_overrides = ml_collections.ConfigDict(dict(float32_layers=()))  # see cifar.py
-    c.numerics = ml_collections.ConfigDict(dict(check_steps=20))  # see cifar.py
+    c.numerics = ml_collections.ConfigDict(dict(every=0, check_steps=20))  # see cifar.py
     c.task = ml_collections.ConfigDict(dict(name="lm", module=""))  # module: see cifar.py
     c.model = ml_collections.ConfigDict(dict(
         seq_len=128, num_layers=4, d_model=128, num_heads=4, mlp_dim=512, dropout=0.0,

@@ -155,3 +155,39 @@ def test_the_check_flags_a_branch_that_underflows_in_float16(tmp_path, factor, v
         assert rows[layer]["headroom_low_bits"] > 0 and rows[layer]["headroom_high_bits"] > 0
     saved = json.load(open(tmp_path / "precision_check.json"))
     assert saved["verdict"] == verdict and len(saved["loss"]["float32"]) == 3
+
+
+def node_names(trainer):
+    """Every op name in the traced train loop, its loop bodies and branches included."""
+    iterator = iter(trainer.distributed_dataset("train"))
+    graph = trainer.train_loop.get_concrete_function(
+        iterator, tf.constant(1, tf.int64)).graph.as_graph_def()
+    return [n.name for n in graph.node] + [
+        n.name for f in graph.library.function for n in f.node_def]
+
+
+def test_telemetry_off_traces_nothing_into_the_step(tmp_path):
+    off = node_names(build(tiny_config(**{"numerics.every": 0}), tmp_path / "off"))
+    on = node_names(build(tiny_config(**{"numerics.every": 5}), tmp_path / "on"))
+    assert not [n for n in off if "numerics" in n]
+    assert [n for n in on if "numerics" in n]
+    assert len(on) > len(off)
+
+
+def test_telemetry_flags_the_branch_that_underflows_in_float16(tmp_path):
+    config = tiny_config(precision="mixed_float16", **{
+        "numerics.every": 1, "trainer.train_steps": 3, "trainer.steps_per_loop": 3,
+        "trainer.best_metric": "", "optimizer.learning_rate": 1e-2})
+    set_policy(config.precision, tf.distribute.get_strategy())
+    trainer = Trainer(config, TwoHeads(config, 1e-12), tf.distribute.get_strategy(),
+                      str(tmp_path))
+    trainer.train(evaluate=False)
+    report = json.load(open(tmp_path / "numerics.json"))
+    assert list(report["at_risk"]) == ["branch"]
+    assert "100% of gradient entries are zero" in report["at_risk"]["branch"][0]
+    assert """float32_layers='["branch"]'""" in report["advice"][0]
+    assert report["layers"]["main"]["headroom_low_bits"] > 2  # measured, and healthy
+    tags = {v.tag for path in tf.io.gfile.glob(str(tmp_path / "train" / "events.*"))
+            for e in tf.compat.v1.train.summary_iterator(path) for v in e.summary.value}
+    assert {"numerics/grad_norm/main/kernel", "numerics/grad_zero_fraction/branch/kernel",
+            "numerics/headroom_low_bits/main"} <= tags

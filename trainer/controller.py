@@ -20,6 +20,8 @@ from absl import logging
 
 from trainer import actions as actions_lib
 from trainer.best import BestCheckpoint
+from trainer.numerics import NumericsLog
+from trainer.precision import layers_of
 from trainer.signals import Preempted, StopOnSignal
 from trainer.summaries import Summaries
 from trainer.workdir import ChiefFiles, is_local
@@ -57,6 +59,11 @@ class Controller:
             best = self.best_checkpoint()
             if best:
                 self.actions.append(best)
+        if trainer.telemetry:
+            self.actions.append(NumericsLog(
+                trainer.telemetry, trainer.loss_scale.enabled,
+                os.path.join(trainer.workdir, "numerics.json"),
+                {layer.path: layer.compute_dtype for layer in layers_of(trainer.model)}))
         self.actions += actions_lib.from_config(config.actions) + list(actions)
         self.max_seconds = tc.max_seconds
         self.step = self.start_step = int(trainer.step.numpy())

@@ -18,6 +18,7 @@ from trainer.controller import Controller, check_trainer_config
 from trainer.distribute import is_chief
 from trainer.loss_scale import LossScale, all_finite
 from trainer.optimizers import build_optimizer, disable_keras_all_reduce
+from trainer.numerics import GradientTelemetry
 from trainer.precision import (advise_shapes, check_float32_layers, policy_name,
                                use_float32_layers)
 
@@ -86,6 +87,11 @@ class Trainer:
             self.grad_norm = keras.metrics.Mean("grad_norm")
             self.eval_metrics = ([keras.metrics.Mean("loss"), keras.metrics.Sum("num_examples")]
                                  + task.build_metrics())
+            every = config.numerics.every
+            if not isinstance(every, int) or every < 0:
+                raise ValueError(f"numerics.every={every!r} must be an integer >= 0 (0: off).")
+            self.telemetry = (GradientTelemetry(self.model.trainable_variables, every)
+                              if every else None)
 
         check_float32_layers(self.model, float32_layers)
         advise_shapes(self.model, {"per-replica batch": self.global_batch_size // replicas,
@@ -158,7 +164,8 @@ class Trainer:
         grad_norm = tf.linalg.global_norm(grads)
         if self.clip_norm:
             grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=grad_norm)
-        replica.merge_call(self._apply_if_finite, args=(grads, finite))
+        replica.merge_call(self._apply_if_finite,
+                           args=(grads, finite, scaled_grads if self.telemetry else None))
 
         # `loss` is this replica's share of the global mean: the Mean over replicas of
         # share * replicas is the global mean.
@@ -182,7 +189,7 @@ class Trainer:
             seed = tf.random.experimental.stateless_fold_in(seed, self.step.read_value())
             state.assign(tf.cast(seed, state.dtype))
 
-    def _apply_if_finite(self, strategy, grads, finite):
+    def _apply_if_finite(self, strategy, grads, finite, scaled_grads):
         """Cross-replica: apply the reduced gradients on every replica, or skip the step.
 
         A `tf.cond` around `optimizer.apply` inside the replica function fails
@@ -198,6 +205,11 @@ class Trainer:
             return tf.constant(True)
 
         tf.cond(finite, apply, lambda: tf.constant(False))
+        if self.telemetry:  # numerics.every > 0; else nothing of it is traced
+            def first_replica(values):  # identical on every replica after the all-reduce
+                return [strategy.experimental_local_results(v)[0] for v in values]
+            self.telemetry.record(self.step + 1, first_replica(grads),
+                                  first_replica(scaled_grads), finite)
         self.loss_scale.update(finite)
         self.step.assign_add(1)
         self.nonfinite_streak.assign(
