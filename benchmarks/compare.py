@@ -57,6 +57,7 @@ def make_config():
         config.data.global_batch_size = FLAGS.batch
     if FLAGS.tiny:
         config.data.global_batch_size = 16
+        config.trainer.steps_per_loop = 2  # each timed Trainer run is a whole host call
         if FLAGS.task == "lm":
             config.model.update(seq_len=32, num_layers=1, d_model=32, num_heads=2, mlp_dim=64)
             config.data.max_bytes = 100_000

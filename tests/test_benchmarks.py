@@ -20,7 +20,7 @@ def test_compare_harness_smoke(tmp_path):
     results = json.load(open(out / "results.json"))
     assert set(results["precisions"]) == {"float32", "mixed_bfloat16"}
     names = [r["contender"] for r in results["precisions"]["float32"]]
-    assert names == ["Trainer spl=100", "fit spe=1", "fit spe=2", "bare loop"]
+    assert names == ["Trainer spl=2", "fit spe=1", "fit spe=2", "bare loop"]
     for rows in list(results["precisions"].values()) + [results["steps_per_loop"],
                                                        results["input_pipeline"]]:
         for r in rows:

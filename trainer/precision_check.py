@@ -62,8 +62,9 @@ def precision_check(config, strategy, workdir, make_task):
     report["loss"] = losses
     report["skipped_steps"] = int(candidate.loss_scale.skipped_steps.numpy())
     report["verdict"], report["advice"] = _verdict(report, mixed)
-    _write(report, workdir)
     print(format_report(report))
+    if candidate.is_chief:
+        _write(report, workdir)
     return report
 
 
