@@ -69,7 +69,8 @@ class ByteLM(keras.Model):
 
     def call(self, tokens, training=False):
         length = tf.shape(tokens)[1]
-        x = self.embed(tokens) + self.positions(tf.range(length))[tf.newaxis]
+        x = self.embed(tokens)
+        x = x + tf.cast(self.positions(tf.range(length)), x.dtype)[tf.newaxis]
         x = self.dropout(x, training=training)
         for block in self.blocks:
             x = block(x, training=training)

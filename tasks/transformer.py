@@ -42,9 +42,10 @@ class Block(keras.layers.Layer):
     def _forward(self, x, seeds, training):
         h = self.ln1(x)
         h = self.attention(h, h, use_causal_mask=self.causal, training=False)
-        x = x + self._dropout(h, seeds[0], training)
+        # Casts: a sublayer kept in float32 (precision_overrides) returns float32.
+        x = x + tf.cast(self._dropout(h, seeds[0], training), x.dtype)
         h = self.mlp_out(self.mlp_in(self.ln2(x)))
-        return x + self._dropout(h, seeds[1], training)
+        return x + tf.cast(self._dropout(h, seeds[1], training), x.dtype)
 
     def call(self, x, training=False):
         seeds = tf.cast(keras.random.randint((2, 2), 0, 2**30, seed=self.seeds), tf.int32) \

@@ -35,7 +35,7 @@ class ViT(keras.Model):
         if self.cls_token is not None:
             cls = tf.cast(self.cls_token, x.dtype)
             x = tf.concat([tf.tile(cls, (tf.shape(x)[0], 1, 1)), x], axis=1)
-        x = self.dropout(x + self.positions(tf.range(tf.shape(x)[1]))[tf.newaxis],
+        x = self.dropout(x + tf.cast(self.positions(tf.range(tf.shape(x)[1])), x.dtype)[tf.newaxis],
                          training=training)
         for block in self.blocks:
             x = block(x, training=training)

@@ -36,12 +36,13 @@ def tiny_lm_config(precision, **overrides):
     return c
 
 
-@pytest.mark.parametrize("make_config,pattern,expected_class", [
-    (tiny_config, ".*conv2d.*", "Conv2D"),
-    (tiny_lm_config, ".*layer_normalization.*", "LayerNormalization"),
+@pytest.mark.parametrize("make_config,pattern,expected_classes", [
+    (tiny_config, ".*conv2d.*", {"Conv2D"}),
+    # a container: its sublayers follow (the projections, and the path-less softmax)
+    (tiny_lm_config, r".*/multi_head_attention(_\d+)?", {"MultiHeadAttention", "EinsumDense"}),
 ])
 def test_float32_layers_change_exactly_the_matching_layers(tmp_path, make_config, pattern,
-                                                           expected_class):
+                                                           expected_classes):
     baseline = build(make_config(precision="mixed_bfloat16", **{"trainer.train_steps": 2}),
                      tmp_path / "a")
     config = make_config(precision="mixed_bfloat16", **{"trainer.train_steps": 2})
@@ -50,11 +51,15 @@ def test_float32_layers_change_exactly_the_matching_layers(tmp_path, make_config
     before, after = layers_of(baseline.model), layers_of(overridden.model)
     assert [type(l) for l in before] == [type(l) for l in after]
     changed = [a for b, a in zip(before, after) if a.compute_dtype != b.compute_dtype]
-    assert changed and all(type(l).__name__ == expected_class for l in changed)
-    for b, a in zip(before, after):  # the matching layers, and only they
-        matches = bool(re.fullmatch(pattern, a.path))
+    assert {type(l).__name__ for l in changed} == expected_classes
+    for b, a in zip(before, after):  # the matching layers and their sublayers, only they
+        matches = bool(re.fullmatch(f"(?:{pattern})(?:/.*)?", a.path))
         assert a.compute_dtype == ("float32" if matches else b.compute_dtype), a.path
     assert overridden.policy == "mixed_bfloat16"
+    for layer in after:  # path-less sublayers (softmax, dropout) follow their parent
+        for child in layer._flatten_layers(include_self=False, recursive=False):
+            if not child.path:
+                assert child.compute_dtype == layer.compute_dtype, (layer.path, child)
     # The same variables either way: a checkpoint of one restores into the other.
     overridden.train(evaluate=False)
     restored = build(make_config(precision="mixed_bfloat16"), tmp_path / "b")
@@ -82,28 +87,31 @@ def test_the_advisor_names_exactly_the_misaligned_layers():
     x = keras.layers.Flatten()(x)
     x = keras.layers.Dense(32, name="dense_ok")(x)               # 576 in, 32 out
     x = keras.layers.Dense(20, name="dense_odd")(x)              # 20 out
-    outputs = keras.layers.Dense(10, dtype="float32", name="head")(x)  # 20 in, 10 out
+    x = keras.layers.Conv2DTranspose(12, 3, name="up_odd")(keras.layers.Reshape((4, 5, 1))(x))
+    x = keras.layers.Flatten()(x)
+    outputs = keras.layers.Dense(10, dtype="float32", name="head")(x)  # float32: not judged
     model = keras.Model(inputs, outputs)
     found = {path: odd for path, _, odd in misaligned_shapes(model, 8)}
     assert found == {"conv_odd": {"filters": (12, 16)}, "dense_odd": {"out": (20, 24)},
-                     "head": {"in": (20, 24), "out": (10, 16)}}
+                     "up_odd": {"filters": (12, 16)}}
     batch = advise_shapes(model, {"per-replica batch": 12}, tf.distribute.get_strategy())
     assert ("per-replica batch", "", {"size": (12, 16)}) in batch
     assert [p for p, _, _ in misaligned_shapes(model, 128)] == [
-        "conv_ok", "conv_odd", "dense_ok", "dense_odd", "head"]  # a TPU wants 128
+        "conv_ok", "conv_odd", "dense_ok", "dense_odd", "up_odd"]  # a TPU wants 128
     keras.mixed_precision.set_global_policy("float32")
     assert advise_shapes(model, {"per-replica batch": 12}, tf.distribute.get_strategy()) == []
 
 
-class Scale(keras.layers.Layer):
-    """Multiplies by a constant in the compute dtype (1e-12 is 0 in float16)."""
+class ScaledDense(keras.layers.Dense):
+    """A Dense whose output is scaled by a constant in its compute dtype (1e-12 is 0 in
+    float16, not in float32)."""
 
-    def __init__(self, factor, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, units, factor, **kwargs):
+        super().__init__(units, **kwargs)
         self.factor = factor
 
     def call(self, x):
-        return x * tf.cast(self.factor, x.dtype)
+        return super().call(x) * tf.cast(self.factor, self.compute_dtype)
 
 
 class TwoHeads(tasks.base.Task):
@@ -118,7 +126,7 @@ class TwoHeads(tasks.base.Task):
         inputs = keras.Input((8,))
         hidden = keras.layers.Dense(16, activation="relu", name="hidden")(inputs)
         main = keras.layers.Dense(2, name="main")(hidden)
-        branch = Scale(self.factor, name="scale")(keras.layers.Dense(2, name="branch")(hidden))
+        branch = ScaledDense(2, self.factor, name="branch")(hidden)
         logits = keras.layers.Add(dtype="float32", name="logits")([main, branch])
         return keras.Model(inputs, logits, name="two_heads")
 
@@ -145,16 +153,21 @@ def test_the_check_flags_a_branch_that_underflows_in_float16(tmp_path, factor, v
     report = precision_check(config, tf.distribute.get_strategy(), str(tmp_path),
                              lambda c: TwoHeads(c, factor))
     assert report["verdict"] == verdict, report["advice"]
+    saved = json.load(open(tmp_path / "precision_check.json"))
+    assert saved["verdict"] == verdict and len(saved["loss"]["float32"]) == 3
     rows = report["layers"]["step 0"]
     assert set(rows) == {"hidden", "main", "branch"}
     if verdict == "change":
         assert rows["branch"]["underflow"] == 1.0
         assert rows["main"]["underflow"] == 0.0
         assert """float32_layers='["branch"]'""" in report["advice"][0]
+        # and the advice works: with that layer in float32 the verdict is ok
+        config.precision_overrides.float32_layers = ("branch",)
+        fixed = precision_check(config, tf.distribute.get_strategy(), str(tmp_path),
+                                lambda c: TwoHeads(c, factor))
+        assert fixed["verdict"] == "ok", fixed["advice"]
     for layer in ("hidden", "main"):  # float16's headroom is reported
         assert rows[layer]["headroom_low_bits"] > 0 and rows[layer]["headroom_high_bits"] > 0
-    saved = json.load(open(tmp_path / "precision_check.json"))
-    assert saved["verdict"] == verdict and len(saved["loss"]["float32"]) == 3
 
 
 def node_names(trainer):

@@ -22,7 +22,8 @@ from trainer.actions import Action
 
 FLOAT16_TINY, FLOAT16_MAX = 2.0**-24, 65504.0
 # ReLU layers have many exactly-zero gradient entries in any precision; almost all
-# zero, in a layer computing in 16 bits, is worth a --mode=precision_check.
+# zero under float16 is worth a --mode=precision_check. Headroom below 65504 is
+# reported, not judged: dynamic loss scaling keeps it small on purpose.
 MIN_HEADROOM_BITS, MOSTLY_ZERO = 2.0, 0.9
 
 
@@ -63,6 +64,8 @@ class NumericsLog(Action):
     """Writes the recorded statistics under `numerics/` at each `every` steps, keeps each
     layer's worst values, and at the end logs and saves the layers at risk."""
 
+    on_interrupt = True  # a run stopped to be resumed still gets its report
+
     def __init__(self, telemetry, float16, path, compute_dtypes):
         self.telemetry, self.float16, self.path = telemetry, float16, path
         self.compute_dtypes = compute_dtypes  # layer path -> compute dtype
@@ -83,8 +86,8 @@ class NumericsLog(Action):
                     pick = max if name == "grad_zero_fraction" else min
                     worst[name] = pick(worst.get(name, value), value)
             controller.summaries.scalars("train", scalars, step)
-        if controller.done:
-            self._report(controller, step)
+        if (controller.done or controller.interrupted) and self.worst:
+            self._report(controller, step)  # (a finished run relaunched records nothing)
 
     def _layers(self):
         """Per layer: the largest zero fraction of its variables and, under float16,
@@ -106,14 +109,11 @@ class NumericsLog(Action):
             if self.compute_dtypes.get(layer) == "float32":
                 continue  # nothing to gain from float32 there
             why = []
-            if worst.get("grad_zero_fraction", 0) > MOSTLY_ZERO:
+            if self.float16 and worst.get("grad_zero_fraction", 0) > MOSTLY_ZERO:
                 why.append(f"{worst['grad_zero_fraction']:.0%} of gradient entries are zero")
             if worst.get("headroom_low_bits", math.inf) < MIN_HEADROOM_BITS:
                 why.append(f"scaled gradients {worst['headroom_low_bits']:.1f} powers of two "
                            "above float16's underflow")
-            if worst.get("headroom_high_bits", math.inf) < MIN_HEADROOM_BITS:
-                why.append(f"scaled gradients {worst['headroom_high_bits']:.1f} powers of two "
-                           "below float16's overflow")
             if why:
                 at_risk[layer] = why
         advice = []

@@ -86,7 +86,9 @@ def use_float32_layers(patterns):
     name = policy_name()
     if not patterns or name == "float32":
         return
-    one_key = "|".join(f"(?:{p})" for p in patterns)  # several keys matching one path is an error
+    # One key (several keys matching one path is an error in Keras), and a match covers
+    # the layer's sublayers too.
+    one_key = "|".join(f"(?:{p})(?:/.*)?" for p in patterns)
     keras.mixed_precision.set_global_policy(keras.dtype_policies.DTypePolicyMap(
         default_policy=keras.dtype_policies.DTypePolicy(name),
         policy_map={one_key: keras.dtype_policies.DTypePolicy("float32")}))
@@ -98,7 +100,8 @@ def layers_of(model):
 
 
 def check_float32_layers(model, patterns):
-    """Fails on a pattern that matches no layer; logs the compute dtypes, grouped."""
+    """Fails on a pattern that matches no layer; extends the override to sublayers
+    without a path; logs the compute dtypes, grouped."""
     paths = [layer.path for layer in layers_of(model)]
     for pattern in patterns:
         if not any(re.fullmatch(pattern, path) for path in paths):
@@ -107,6 +110,27 @@ def check_float32_layers(model, patterns):
                 f"precision_overrides.float32_layers: {pattern!r} matches no layer path (a "
                 "pattern must match a whole path: '.*name.*' for a name anywhere). Some paths "
                 f"of this model: {', '.join(paths[::step][:8])}.")
+    def matched(layer):
+        return bool(layer.path) and any(re.fullmatch(f"(?:{p})(?:/.*)?", layer.path)
+                                        for p in patterns)
+
+    def cover_pathless(layer, inherited):
+        # Keras gives a path only to layers that build (not Softmax, Dropout, ...), so
+        # DTypePolicyMap never sees them: they follow their matched parent here.
+        for child in layer._flatten_layers(include_self=False, recursive=False):
+            if child.path:
+                cover_pathless(child, matched(child))
+            else:
+                if inherited and policy_name() != "float32":
+                    child.dtype_policy = "float32"
+                cover_pathless(child, inherited)
+
+    cover_pathless(model, matched(model))
+    for layer in layers_of(model):
+        if matched(layer) and layer.compute_dtype != "float32":
+            logging.warning("%s matches precision_overrides.float32_layers but its code "
+                            "sets dtype %s explicitly: it stays so.", layer.path,
+                            layer.compute_dtype)
     groups = collections.defaultdict(list)
     for layer in layers_of(model):
         groups[(layer.compute_dtype, type(layer).__name__)].append(layer.path)
@@ -124,8 +148,8 @@ def misaligned_shapes(model, multiple):
     for layer in layers_of(model):
         kernel = (layer.embeddings if isinstance(layer, keras.layers.Embedding)
                   else getattr(layer, "kernel", None))
-        if kernel is None or len(kernel.shape) < 2:
-            continue
+        if kernel is None or len(kernel.shape) < 2 or layer.compute_dtype == "float32":
+            continue  # (a float32 layer does not use the 16-bit matrix units)
         shape = [int(d) for d in kernel.shape]
         odd = {dim: (size, _round_up(size, multiple))
                for dim, size in _matmul_sizes(layer, shape).items() if size % multiple}
@@ -145,7 +169,8 @@ def _matmul_sizes(layer, shape):
         output = [n for letter, n in zip(kernel_spec, shape) if letter not in inputs]
         return {"in": math.prod(contracted), "out": math.prod(output)}
     if hasattr(layer, "filters") and hasattr(layer, "kernel_size"):
-        return {"filters": shape[-1]}
+        # a transposed convolution's kernel is (..., filters, input channels)
+        return {"filters": shape[-2] if "Transpose" in type(layer).__name__ else shape[-1]}
     return {"in": shape[0], "out": math.prod(shape[1:])}
 
 

@@ -161,11 +161,12 @@ class Trainer:
         finite = all_finite(grads)
         for v, before, mean in zip(self.state_variables, state_before, state_mean):
             v.assign(tf.where(finite, mean, before))  # a skipped step changes no state
+        unclipped = grads  # what telemetry reports
         grad_norm = tf.linalg.global_norm(grads)
         if self.clip_norm:
             grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=grad_norm)
-        replica.merge_call(self._apply_if_finite,
-                           args=(grads, finite, scaled_grads if self.telemetry else None))
+        replica.merge_call(self._apply_if_finite, args=(
+            grads, finite, (unclipped, scaled_grads) if self.telemetry else None))
 
         # `loss` is this replica's share of the global mean: the Mean over replicas of
         # share * replicas is the global mean.
@@ -189,7 +190,7 @@ class Trainer:
             seed = tf.random.experimental.stateless_fold_in(seed, self.step.read_value())
             state.assign(tf.cast(seed, state.dtype))
 
-    def _apply_if_finite(self, strategy, grads, finite, scaled_grads):
+    def _apply_if_finite(self, strategy, grads, finite, telemetry_grads):
         """Cross-replica: apply the reduced gradients on every replica, or skip the step.
 
         A `tf.cond` around `optimizer.apply` inside the replica function fails
@@ -208,8 +209,9 @@ class Trainer:
         if self.telemetry:  # numerics.every > 0; else nothing of it is traced
             def first_replica(values):  # identical on every replica after the all-reduce
                 return [strategy.experimental_local_results(v)[0] for v in values]
-            self.telemetry.record(self.step + 1, first_replica(grads),
-                                  first_replica(scaled_grads), finite)
+            unclipped, scaled = telemetry_grads
+            self.telemetry.record(self.step + 1, first_replica(unclipped),
+                                  first_replica(scaled), finite)
         self.loss_scale.update(finite)
         self.step.assign_add(1)
         self.nonfinite_streak.assign(
