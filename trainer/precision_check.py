@@ -158,14 +158,14 @@ def format_report(report):
     policy, steps = report["policy"], report["steps"]
     first, last = report["layers"]["step 0"], report["layers"][f"step {steps}"]
     fp16 = policy == "mixed_float16"
-    header = (f"{'layer':40s} {'cos@0':>7s} {'err@0':>7s} {'under@0':>7s} "
+    header = (f"{'layer':56s} {'cos@0':>7s} {'err@0':>7s} {'under@0':>7s} "
               f"{'cos@' + str(steps):>7s} {'err@' + str(steps):>7s} {'under@' + str(steps):>8s}"
               + ("  headroom lo/hi bits" if fp16 else ""))
     lines = [f"Precision check: {policy} vs float32, same weights and batches, {steps} steps.",
              header]
     for layer, a in first.items():
         b = last[layer]
-        line = (f"{layer[-40:]:40s} {a['cosine']:7.4f} {a['relative_error']:7.3f} "
+        line = (f"{layer[-56:]:56s} {a['cosine']:7.4f} {a['relative_error']:7.3f} "
                 f"{a['underflow']:7.2%} {b['cosine']:7.4f} {b['relative_error']:7.3f} "
                 f"{b['underflow']:8.2%}")
         if fp16:
