@@ -16,6 +16,9 @@ tf.config.set_logical_device_configuration(
     _cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 from configs import cifar  # noqa: E402
+import tasks  # noqa: E402
+from trainer import Trainer  # noqa: E402
+from trainer.precision import set_policy  # noqa: E402
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,6 +52,32 @@ def override(config, **overrides):
             node = node[p]
         node[leaf] = value
     return config
+
+
+def build(config, workdir, strategy=None):
+    """A Trainer as launch.py makes one: precision policy set, seeded."""
+    strategy = strategy or tf.distribute.get_strategy()
+    set_policy(config.precision, strategy)
+    keras.utils.set_random_seed(config.seed)
+    return Trainer(config, tasks.get_task(config), strategy, str(workdir))
+
+
+def checkpoint_steps(directory):
+    """The steps of the checkpoints a CheckpointManager keeps in `directory`."""
+    state = tf.train.get_checkpoint_state(str(directory))
+    return [int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths] if state else []
+
+
+def scalars(workdir, run):
+    """{tag: [(step, value)]} read back from the TensorBoard event files."""
+    out = {}
+    for path in tf.io.gfile.glob(os.path.join(str(workdir), run, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for v in event.summary.value:
+                if v.metadata.plugin_data.plugin_name == "scalars":
+                    out.setdefault(v.tag, []).append(
+                        (event.step, float(tf.make_ndarray(v.tensor))))
+    return out
 
 
 @pytest.fixture(autouse=True)

@@ -1,44 +1,20 @@
 """The host loop's actions: user actions, best checkpoint, early stop, time budget,
 continuous evaluation next to a training run."""
 
-import glob
 import json
 import os
 import subprocess
 import sys
 
-import keras
 import pytest
 import tensorflow as tf
 
+from conftest import build, checkpoint_steps, scalars, tiny_config
 from trainer import cli
-import tasks
-from conftest import tiny_config
-from trainer import Trainer
 from trainer.actions import Action
-from trainer.precision import set_policy
 from trainer.workdir import LOCK_NAME, WorkdirLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def build(config, workdir):
-    set_policy(config.precision, tf.distribute.get_strategy())
-    keras.utils.set_random_seed(config.seed)
-    return Trainer(config, tasks.get_task(config), tf.distribute.get_strategy(), str(workdir))
-
-
-def checkpoint_steps(directory):
-    state = tf.train.get_checkpoint_state(str(directory))
-    return [int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths] if state else []
-
-
-def event_steps(workdir, run, tag):
-    steps = []
-    for path in glob.glob(os.path.join(workdir, run, "events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            steps += [event.step for v in event.summary.value if v.tag == tag]
-    return sorted(steps)
 
 
 class Record(Action):
@@ -187,7 +163,7 @@ def test_time_budget_stops_with_a_checkpoint_and_a_relaunch_finishes(tmp_path, c
     assert checkpoint_steps(tmp_path / "checkpoints") == [5]
     assert any("time budget: trainer.max_seconds=1e-06 would be exceeded" in r.getMessage()
                for r in caplog.records)
-    assert event_steps(tmp_path, "eval", "loss") == []  # stopped to resume: no eval
+    assert sorted(s for s, _ in scalars(tmp_path, "eval").get("loss", [])) == []  # stopped to resume: no eval
 
     config.trainer.max_seconds = 0.0
     build(config, tmp_path).train()
@@ -231,7 +207,7 @@ def test_continuous_eval_next_to_training_evaluates_every_checkpoint_once(tmp_pa
     assert evaluator.returncode == 0, eval_log[-3000:]
     assert "Evaluated the final checkpoint (step 16): done." in eval_log
     assert checkpoint_steps(tmp_path / "checkpoints") == [4, 8, 12, 16]
-    assert event_steps(tmp_path, "eval", "accuracy") == [4, 8, 12, 16]  # each exactly once
+    assert sorted(s for s, _ in scalars(tmp_path, "eval").get("accuracy", [])) == [4, 8, 12, 16]  # each exactly once
     assert "eval @ step" not in training.stderr  # the training run spent nothing on eval
     assert best_record(tmp_path)["step"] in (4, 8, 12, 16)
     assert not os.path.exists(tmp_path / ".eval_lock")
@@ -243,7 +219,7 @@ def test_continuous_eval_next_to_training_evaluates_every_checkpoint_once(tmp_pa
     assert again.returncode == 0, again.stderr[-3000:]
     assert "(step 16) was evaluated already" in again.stderr
     assert "eval @ step" not in again.stderr
-    assert event_steps(tmp_path, "eval", "accuracy") == [4, 8, 12, 16]
+    assert sorted(s for s, _ in scalars(tmp_path, "eval").get("accuracy", [])) == [4, 8, 12, 16]
 
 
 def test_continuous_eval_refuses_a_run_that_evaluates_itself(tmp_path):

@@ -7,32 +7,17 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tasks
-from conftest import tiny_config
-from trainer import Trainer
+from conftest import build, checkpoint_steps, tiny_config
 from trainer.checkpoints import IncompatibleCheckpointError
-from trainer.precision import set_policy
 from trainer.workdir import WorkdirLock, check_workdir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def build(config, workdir):
-    set_policy(config.precision, tf.distribute.get_strategy())
-    keras.utils.set_random_seed(config.seed)
-    return Trainer(config, tasks.get_task(config), tf.distribute.get_strategy(), str(workdir))
-
-
-def checkpoint_steps(workdir):
-    state = tf.train.get_checkpoint_state(os.path.join(workdir, "checkpoints"))
-    return [int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths] if state else []
 
 
 def test_sigterm_saves_and_relaunch_continues(tmp_path):
@@ -55,7 +40,7 @@ def test_sigterm_saves_and_relaunch_continues(tmp_path):
     assert proc.wait(timeout=120) == 128 + signal.SIGTERM, "".join(lines)[-3000:]
     log = "".join(lines)
     assert "Received SIGTERM" in log and "Relaunch with the same --workdir" in log
-    saved = checkpoint_steps(tmp_path)
+    saved = checkpoint_steps(tmp_path / "checkpoints")
     assert len(saved) == 1 and saved[0] >= 20 and saved[0] % 10 == 0  # a loop boundary
     assert f"Stopped by SIGTERM at step {saved[0]}" in log
     assert not os.path.exists(tmp_path / ".lock")
@@ -66,14 +51,14 @@ def test_sigterm_saves_and_relaunch_continues(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert f"step {saved[0]}" in run.stderr and f"step {final}/{final}" in run.stderr
     assert f"step {saved[0] - 10 + 1}/" not in run.stderr  # nothing retrained
-    assert checkpoint_steps(tmp_path)[-1] == final
+    assert checkpoint_steps(tmp_path / "checkpoints")[-1] == final
 
 
 def test_corrupt_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
     config = tiny_config(**{"trainer.train_steps": 20, "trainer.checkpoint_every": 10})
     first = build(config, tmp_path)
     first.train(evaluate=False)
-    assert checkpoint_steps(tmp_path) == [10, 20]
+    assert checkpoint_steps(tmp_path / "checkpoints") == [10, 20]
     data = next(p for p in os.listdir(tmp_path / "checkpoints")
                 if p.startswith("ckpt-20.data"))
     path = tmp_path / "checkpoints" / data
@@ -84,7 +69,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
     assert restored.endswith("ckpt-10") and int(again.step.numpy()) == 10
     assert any("ckpt-20" in r.getMessage() and "unreadable" in r.getMessage()
                for r in caplog.records)
-    assert checkpoint_steps(tmp_path) == [10, 20]  # nothing deleted
+    assert checkpoint_steps(tmp_path / "checkpoints") == [10, 20]  # nothing deleted
     assert os.path.exists(tmp_path / "checkpoints" / "ckpt-10.index")
 
 
@@ -100,7 +85,7 @@ def test_divergence_stops_with_a_clear_error_and_keeps_the_good_checkpoint(tmp_p
     message = str(e.value)
     assert "Training diverged at step" in message and "learning_rate" in message
     assert "ckpt-10" in message
-    assert checkpoint_steps(tmp_path) == [10]  # no checkpoint of the diverged run
+    assert checkpoint_steps(tmp_path / "checkpoints") == [10]  # no checkpoint of the diverged run
     restored = build(tiny_config(**{"trainer.train_steps": 10}), tmp_path)
     restored.restore()
     for a, b in zip(before, restored.model.weights):
@@ -186,7 +171,7 @@ def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(tmp_pat
             killed.kill()
             break
     killed.wait(timeout=60)
-    assert checkpoint_steps(tmp_path / "killed") == [10]
+    assert checkpoint_steps(tmp_path / "killed" / "checkpoints") == [10]
     resumed = subprocess.run(args + [f"--workdir={tmp_path / 'killed'}"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -204,7 +189,7 @@ def test_a_checkpoint_of_another_model_size_is_named_not_skipped(tmp_path):
     small = {"model.name": "resnet", "model.width": 4, "model.blocks_per_stage": 1,
              "trainer.train_steps": 4, "trainer.checkpoint_every": 2}
     build(tiny_config(**small), tmp_path).train(evaluate=False)
-    assert checkpoint_steps(tmp_path) == [2, 4]
+    assert checkpoint_steps(tmp_path / "checkpoints") == [2, 4]
     wider = build(tiny_config(**dict(small, **{"model.width": 8})), tmp_path)
     with pytest.raises(IncompatibleCheckpointError) as e:
         wider.train(evaluate=False)
@@ -217,7 +202,7 @@ def test_a_checkpoint_of_another_model_size_is_named_not_skipped(tmp_path):
     old, new = ([int(d) for d in g.split(",") if d.strip()] for g in shapes.groups()[:2])
     assert new[-1] == 2 * old[-1]
     assert "config.json" in message and "new --workdir" in message
-    assert checkpoint_steps(tmp_path) == [2, 4]  # nothing deleted or written
+    assert checkpoint_steps(tmp_path / "checkpoints") == [2, 4]  # nothing deleted or written
     assert json.load(open(tmp_path / "config.json"))["model"]["width"] == 4
 
 

@@ -8,17 +8,11 @@ import pytest
 import tensorflow as tf
 
 import tasks
-from conftest import tiny_config
+from conftest import build, tiny_config
 from configs import lm
 from trainer import Trainer
 from trainer.precision import advise_shapes, layers_of, misaligned_shapes, set_policy
 from trainer.precision_check import precision_check
-
-
-def build(config, workdir):
-    set_policy(config.precision, tf.distribute.get_strategy())
-    keras.utils.set_random_seed(config.seed)
-    return Trainer(config, tasks.get_task(config), tf.distribute.get_strategy(), str(workdir))
 
 
 def tiny_lm_config(precision, **overrides):

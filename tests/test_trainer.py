@@ -1,8 +1,6 @@
 """End to end on tiny synthetic CIFAR: learning, resume, exact evaluation, summaries."""
 
-import glob
 import json
-import os
 
 import keras
 import numpy as np
@@ -10,28 +8,7 @@ import pytest
 import tensorflow as tf
 
 import tasks
-from conftest import tiny_config, two_replicas
-from trainer import Trainer
-from trainer.precision import set_policy
-
-
-def build(config, workdir, strategy=None):
-    strategy = strategy or tf.distribute.get_strategy()
-    set_policy(config.precision, strategy)
-    keras.utils.set_random_seed(config.seed)
-    return Trainer(config, tasks.get_task(config), strategy, str(workdir))
-
-
-def scalars(workdir, run):
-    """{tag: [(step, value)]} read back from the TensorBoard event files."""
-    out = {}
-    for path in glob.glob(os.path.join(workdir, run, "events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for v in event.summary.value:
-                if v.metadata.plugin_data.plugin_name == "scalars":
-                    out.setdefault(v.tag, []).append(
-                        (event.step, float(tf.make_ndarray(v.tensor))))
-    return out
+from conftest import build, scalars, tiny_config, two_replicas
 
 
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])

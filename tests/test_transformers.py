@@ -13,10 +13,9 @@ import tensorflow as tf
 import tasks
 from configs import lm as lm_config
 from configs import vit_cifar
+import conftest
 from conftest import override, tiny_config, two_replicas
 from tasks.lm import ByteLM
-from trainer import Trainer
-from trainer.precision import set_policy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = b"the quick brown fox jumps over the lazy dog. " * 40
@@ -38,10 +37,7 @@ def tiny_lm(tmp_path, text=TEXT, **overrides):
 
 
 def build(config, workdir, strategy=None):
-    strategy = strategy or tf.distribute.get_strategy()
-    set_policy(config.precision, strategy)
-    keras.utils.set_random_seed(config.seed)
-    return Trainer(config, tasks.get_task(config), strategy, str(workdir / "run"))
+    return conftest.build(config, workdir / "run", strategy)
 
 
 def test_tiny_lm_overfits_repeated_text(tmp_path):

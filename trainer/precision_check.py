@@ -12,7 +12,6 @@ with dropout gets different masks under the two policies: lower cosines there.
 """
 
 import copy
-import json
 import math
 import os
 import re
@@ -22,9 +21,10 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from trainer.numerics import FLOAT16_MAX, FLOAT16_TINY
 from trainer.precision import choose_policy, layers_of, set_policy
+from trainer.workdir import ChiefFiles
 
-FLOAT16_TINY, FLOAT16_MAX = 2.0**-24, 65504.0
 MIN_COSINE, MAX_UNDERFLOW, MAX_LOSS_GAP = 0.98, 0.01, 0.1
 
 
@@ -68,8 +68,7 @@ def precision_check(config, strategy, workdir, make_task):
                        if layer.compute_dtype == "float32"}
     report["verdict"], report["advice"] = _verdict(report, mixed, float32_already)
     print(format_report(report))
-    if candidate.is_chief:
-        _write(report, workdir)
+    _write(report, workdir, ChiefFiles(candidate.is_chief))
     return report
 
 
@@ -180,11 +179,11 @@ def format_report(report):
     return "\n".join(lines)
 
 
-def _write(report, workdir):
-    tf.io.gfile.makedirs(workdir)
+def _write(report, workdir, files):
     path = os.path.join(workdir, "precision_check.json")
-    with tf.io.gfile.GFile(path, "w") as f:
-        f.write(json.dumps(report, indent=2))
+    files.write_json(path, report)
+    if not files.is_chief:
+        return
     try:
         import matplotlib
         matplotlib.use("Agg")
