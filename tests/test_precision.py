@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import tasks
-from conftest import build, tiny_config
+from conftest import build, tiny_config, two_replicas
 from configs import lm
 from trainer import Trainer
 from trainer.precision import advise_shapes, layers_of, misaligned_shapes, set_policy
@@ -181,20 +181,53 @@ def test_telemetry_off_traces_nothing_into_the_step(tmp_path):
     assert len(on) > len(off)
 
 
-def test_telemetry_flags_the_branch_that_underflows_in_float16(tmp_path):
+def events(workdir, run):
+    """{tag: plugin name} of the summaries in the event files."""
+    return {v.tag: v.metadata.plugin_data.plugin_name
+            for path in tf.io.gfile.glob(str(workdir / run / "events.*"))
+            for e in tf.compat.v1.train.summary_iterator(path) for v in e.summary.value}
+
+
+def train_two_heads(tmp_path, factor, strategy, steps=3):
     config = tiny_config(precision="mixed_float16", **{
-        "numerics.every": 1, "trainer.train_steps": 3, "trainer.steps_per_loop": 3,
+        "numerics.every": 1, "trainer.train_steps": steps, "trainer.steps_per_loop": steps,
         "trainer.best_metric": "", "optimizer.learning_rate": 1e-2})
-    set_policy(config.precision, tf.distribute.get_strategy())
-    trainer = Trainer(config, TwoHeads(config, 1e-12), tf.distribute.get_strategy(),
-                      str(tmp_path))
+    set_policy(config.precision, strategy)
+    with strategy.scope():
+        trainer = Trainer(config, TwoHeads(config, factor), strategy, str(tmp_path))
     trainer.train(evaluate=False)
-    report = json.load(open(tmp_path / "numerics.json"))
+    return json.load(open(tmp_path / "numerics.json"))
+
+
+def test_telemetry_flags_the_branch_that_underflows_in_float16(tmp_path):
+    report = train_two_heads(tmp_path, 1e-12, two_replicas())
     assert list(report["at_risk"]) == ["branch"]
     assert "100% of gradient entries are zero" in report["at_risk"]["branch"][0]
     assert """float32_layers='["branch"]'""" in report["advice"][0]
     assert report["layers"]["main"]["headroom_low_bits"] > 2  # measured, and healthy
-    tags = {v.tag for path in tf.io.gfile.glob(str(tmp_path / "train" / "events.*"))
-            for e in tf.compat.v1.train.summary_iterator(path) for v in e.summary.value}
+    # the branch's float16 outputs are all zero; the ReLU layer's partly
+    assert report["layers"]["branch"]["activation_zero_fraction"] == 1.0
+    assert 0 < report["layers"]["hidden"]["activation_zero_fraction"] < 1
+    assert report["layers"]["hidden"]["activation_max_abs"] > 0
+    tags = events(tmp_path, "train")
     assert {"numerics/grad_norm/main/kernel", "numerics/grad_zero_fraction/branch/kernel",
-            "numerics/headroom_low_bits/main"} <= tags
+            "numerics/headroom_low_bits/main", "numerics/activation_max_abs/hidden"} <= set(tags)
+    assert tags["numerics/scaled_grad_log2/main"] == "histograms"
+
+
+def test_telemetry_flags_activations_that_overflow_float16(tmp_path):
+    report = train_two_heads(tmp_path, 1e6, tf.distribute.get_strategy(), steps=2)
+    assert list(report["at_risk"]) == ["branch"]
+    assert "of outputs inf/NaN" in " ".join(report["at_risk"]["branch"])
+    assert report["layers"]["main"]["activation_nonfinite_fraction"] == 0
+
+
+def test_telemetry_watches_every_layer_of_the_lm(tmp_path):
+    config = tiny_lm_config("float32", **{"numerics.every": 2, "trainer.best_metric": ""})
+    trainer = build(config, tmp_path)
+    trainer.train(evaluate=False)
+    layers = json.load(open(tmp_path / "numerics.json"))["layers"]
+    called = {layer.path for layer in layers_of(trainer.model)}
+    assert called - set(layers) == set(), "layers without activation statistics"
+    for path, stats in layers.items():
+        assert stats["activation_nonfinite_fraction"] == 0, path

@@ -34,7 +34,8 @@ def test_tpu_config_train_step_compiles_with_xla(tmp_path, name, batch):
     iterator = iter(trainer.distributed_dataset("train"))
     features, labels = next(iterator)
     # The XLA program exists only if every op compiles and every shape is static.
-    hlo = trainer._compute_gradients.experimental_get_compiler_ir(features, labels)(stage="hlo")
+    hlo = trainer._compute_gradients.experimental_get_compiler_ir(
+        features, labels, None)(stage="hlo")
     assert "bf16" in hlo
     trainer.train_loop(iterator, tf.constant(2, tf.int64))
     assert int(trainer.step.numpy()) == 2 and trainer.loss_scale.skipped_steps.numpy() == 0

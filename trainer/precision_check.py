@@ -88,7 +88,7 @@ def _train(trainer, steps):
 def _gradients(trainer, batch):
     """{layer path: (unscaled gradient, scaled gradient)}, flattened per layer."""
     features, labels = batch
-    _, _, scaled = trainer._compute_gradients(features, labels)
+    _, _, scaled, _ = trainer._compute_gradients(features, labels, tf.constant(False))
     unscaled = trainer.loss_scale.get_unscaled_gradients(
         [tf.convert_to_tensor(g) for g in scaled])
     by_layer = {}

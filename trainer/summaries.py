@@ -2,7 +2,9 @@
 
 import os
 
+import numpy as np
 import tensorflow as tf
+from tensorboard.plugins.histogram import metadata as histogram_metadata
 
 
 class Summaries:
@@ -26,6 +28,18 @@ class Summaries:
         with writer.as_default(step=tf.convert_to_tensor(step, tf.int64)):
             for name, value in scalars.items():
                 tf.summary.scalar(name, value)
+        writer.flush()
+
+    def histograms(self, run, histograms, step):
+        """Writes {name: (first bin's log2, counts per power of two)}, binned already in
+        the compiled step, in the histogram plugin's format ([left, right, count] rows)."""
+        writer = self._writer(run)
+        with writer.as_default(step=tf.convert_to_tensor(step, tf.int64)):
+            for name, (low, counts) in histograms.items():
+                left = np.arange(low, low + len(counts), dtype=np.float64)
+                buckets = np.stack([left, left + 1, np.asarray(counts, np.float64)], axis=1)
+                tf.summary.write(name, buckets, metadata=histogram_metadata.
+                                 create_summary_metadata(name, "log2 of |scaled gradient|"))
         writer.flush()
 
     def text(self, run, name, text, step):

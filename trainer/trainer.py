@@ -6,6 +6,7 @@ the compiled loop of `steps_per_loop` steps, `eval_step`. The host loop around i
 (logging, checkpoints, evaluation, stopping) is `trainer/controller.py`.
 """
 
+import contextlib
 import os
 
 import keras
@@ -18,8 +19,8 @@ from trainer.controller import Controller, check_trainer_config
 from trainer.distribute import is_chief
 from trainer.loss_scale import LossScale, all_finite
 from trainer.optimizers import build_optimizer, disable_keras_all_reduce
-from trainer.numerics import GradientTelemetry
-from trainer.precision import (advise_shapes, check_float32_layers, policy_name,
+from trainer.numerics import Telemetry
+from trainer.precision import (advise_shapes, check_float32_layers, layers_of, policy_name,
                                use_float32_layers)
 
 
@@ -90,8 +91,8 @@ class Trainer:
             every = config.numerics.every
             if not isinstance(every, int) or every < 0:
                 raise ValueError(f"numerics.every={every!r} must be an integer >= 0 (0: off).")
-            self.telemetry = (GradientTelemetry(self.model.trainable_variables, every)
-                              if every else None)
+            self.telemetry = (Telemetry(self.model.trainable_variables,
+                                        layers_of(self.model), every) if every else None)
 
         check_float32_layers(self.model, float32_layers)
         advise_shapes(self.model, {"per-replica batch": self.global_batch_size // replicas,
@@ -120,10 +121,13 @@ class Trainer:
 
     # ----------------------------------------------------------------- steps
 
-    def _forward_backward(self, features, labels):
+    def _forward_backward(self, features, labels, record_activations):
         """Forward and backward pass on one replica's batch (XLA with jit_compile)."""
+        capture = (self.telemetry.activations.capture() if self.telemetry
+                   else contextlib.nullcontext())
         with tf.GradientTape() as tape:
-            outputs = _as_float32(self.model(features, training=True))
+            with capture as layer_outputs:
+                outputs = _as_float32(self.model(features, training=True))
             per_example_loss = self.task.compute_loss(labels, outputs)
             if per_example_loss.shape.rank > 1:  # per-token losses: average each example's
                 per_example_loss = tf.reduce_mean(
@@ -136,14 +140,18 @@ class Trainer:
                     tf.add_n([tf.cast(l, tf.float32) for l in self.model.losses]))
             scaled_loss = self.loss_scale.get_scaled_loss(loss)
         grads = tape.gradient(scaled_loss, self.model.trainable_variables)
-        return outputs, loss, grads
+        activations = (self.telemetry.activations.statistics(layer_outputs, record_activations)
+                       if self.telemetry else None)
+        return outputs, loss, grads, activations
 
     def train_step(self, features, labels):
         """One training step on one replica (run under `strategy.run`)."""
         replica = tf.distribute.get_replica_context()
         self._reseed(replica.replica_id_in_sync_group)
         state_before = [tf.identity(v.value) for v in self.state_variables]
-        outputs, loss, scaled_grads = self._compute_gradients(features, labels)
+        record = self.telemetry.due(self.step + 1) if self.telemetry else None
+        outputs, loss, scaled_grads, activations = self._compute_gradients(
+            features, labels, record)
         # Sparse gradients (embedding lookups) become dense: all_reduce would
         # concatenate IndexedSlices instead of summing them, and the global norm
         # of a concatenation with duplicate indices is not the norm of the sum.
@@ -166,7 +174,8 @@ class Trainer:
         if self.clip_norm:
             grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=grad_norm)
         replica.merge_call(self._apply_if_finite, args=(
-            grads, finite, (unclipped, scaled_grads) if self.telemetry else None))
+            grads, finite,
+            (unclipped, scaled_grads, activations[tf.newaxis]) if self.telemetry else None))
 
         # `loss` is this replica's share of the global mean: the Mean over replicas of
         # share * replicas is the global mean.
@@ -190,7 +199,7 @@ class Trainer:
             seed = tf.random.experimental.stateless_fold_in(seed, self.step.read_value())
             state.assign(tf.cast(seed, state.dtype))
 
-    def _apply_if_finite(self, strategy, grads, finite, telemetry_grads):
+    def _apply_if_finite(self, strategy, grads, finite, telemetry_args):
         """Cross-replica: apply the reduced gradients on every replica, or skip the step.
 
         A `tf.cond` around `optimizer.apply` inside the replica function fails
@@ -209,9 +218,10 @@ class Trainer:
         if self.telemetry:  # numerics.every > 0; else nothing of it is traced
             def first_replica(values):  # identical on every replica after the all-reduce
                 return [strategy.experimental_local_results(v)[0] for v in values]
-            unclipped, scaled = telemetry_grads
+            unclipped, scaled, activations = telemetry_args
             self.telemetry.record(self.step + 1, first_replica(unclipped),
-                                  first_replica(scaled), finite)
+                                  first_replica(scaled), finite,
+                                  strategy.gather(activations, axis=0))  # [replicas, ...]
         self.loss_scale.update(finite)
         self.step.assign_add(1)
         self.nonfinite_streak.assign(
