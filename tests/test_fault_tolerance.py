@@ -43,6 +43,8 @@ def test_sigterm_saves_and_relaunch_continues(tmp_path):
     saved = checkpoint_steps(tmp_path / "checkpoints")
     assert len(saved) == 1 and saved[0] >= 20 and saved[0] % 10 == 0  # a loop boundary
     assert f"Stopped by SIGTERM at step {saved[0]}" in log
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert summary["stopped"] == "stopped by SIGTERM" and summary["steps"] == saved[0]
     assert not os.path.exists(tmp_path / ".lock")
 
     final = saved[0] + 10
@@ -86,6 +88,8 @@ def test_divergence_stops_with_a_clear_error_and_keeps_the_good_checkpoint(tmp_p
     assert "Training diverged at step" in message and "learning_rate" in message
     assert "ckpt-10" in message
     assert checkpoint_steps(tmp_path / "checkpoints") == [10]  # no checkpoint of the diverged run
+    stopped = json.load(open(tmp_path / "summary.json"))["stopped"]
+    assert stopped.startswith("FloatingPointError: Training diverged at step")
     restored = build(tiny_config(**{"trainer.train_steps": 10}), tmp_path)
     restored.restore()
     for a, b in zip(before, restored.model.weights):

@@ -31,6 +31,17 @@ def test_training_lowers_the_loss(tmp_path, precision):
     evals = scalars(tmp_path, "eval")
     assert {"accuracy", "loss"} <= set(evals)
     assert json.load(open(tmp_path / "config.json"))["trainer"]["train_steps"] == 60
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert summary["stopped"] is None and summary["steps"] == summary["steps_this_run"] == 60
+    assert summary["eval"] == final_eval and summary["precision"] == precision
+    assert summary["train"]["loss"] == losses[-1]
+    assert summary["parameters"]["total"] == trainer.model.count_params()
+    assert summary["strategy"] == "_DefaultDistributionStrategy" and summary["replicas"] == 1
+    assert summary["versions"]["tensorflow"] == tf.__version__
+    seconds = summary["seconds"]
+    assert seconds["train"] > 0 and seconds["eval"] > 0 and seconds["checkpoint"] > 0
+    assert sum(seconds[k] for k in ("train", "eval", "checkpoint", "other")) <= seconds["total"]
+    assert "SYNTHETIC" in summary["data"] and summary["examples_per_sec"] > 0
 
 
 def test_resume_continues_from_the_last_checkpoint(tmp_path):

@@ -33,12 +33,14 @@ class Action:
     chief_only: run on the chief process alone (for actions that only write
         files). Otherwise every worker calls it at the same step, so it may
         hold collectives (save, evaluate) under MultiWorkerMirroredStrategy.
+    kind: where its time goes in `summary.json` ("eval", "checkpoint", "other").
     """
 
     every = 0
     at_end = True
     on_interrupt = False
     chief_only = False
+    kind = "other"
 
     def begin(self, controller):
         """Called once before the first step of `Controller.train`, on every worker."""
@@ -92,6 +94,7 @@ class SaveCheckpoint(Action):
     the time budget, early stopping). Every worker calls it: a save holds collectives."""
 
     on_interrupt = True
+    kind = "checkpoint"
 
     def __init__(self, every):
         self.every = every
@@ -102,6 +105,8 @@ class SaveCheckpoint(Action):
 
 class Evaluate(Action):
     """One pass over the eval split: `eval/` summaries at the step and `logs["eval/..."]`."""
+
+    kind = "eval"
 
     def __init__(self, every):
         self.every = every

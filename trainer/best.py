@@ -26,6 +26,8 @@ class BestCheckpoint(Action):
     """Runs right after each evaluation. `mode` is "max" or "min"; with `patience` > 0
     the run stops once that many evaluations in a row did not improve `metric`."""
 
+    kind = "checkpoint"
+
     def __init__(self, directory, metric, mode, patience=0):
         self.directory, self.metric, self.mode, self.patience = (
             directory, metric, mode, patience)

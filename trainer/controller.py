@@ -10,7 +10,6 @@ action may hold collectives; decisions that one process takes alone (a signal,
 its clock, a stop requested by an action) are agreed on by all-reducing a flag.
 """
 
-import json
 import os
 import signal
 import time
@@ -22,6 +21,7 @@ from trainer import actions as actions_lib
 from trainer.best import BestCheckpoint
 from trainer.numerics import NumericsLog
 from trainer.precision import layers_of
+from trainer.run_summary import write_summary
 from trainer.signals import Preempted, StopOnSignal
 from trainer.summaries import Summaries
 from trainer.workdir import ChiefFiles, is_local
@@ -67,11 +67,12 @@ class Controller:
         self.actions += actions_lib.from_config(config.actions) + list(actions)
         self.max_seconds = tc.max_seconds
         self.step = self.start_step = int(trainer.step.numpy())
-        self.train_seconds = 0.0  # in the compiled train loop, this process
+        # This process's wall time: in the compiled train loop, and in actions by kind.
+        self.seconds = {"train": 0.0, "eval": 0.0, "checkpoint": 0.0, "other": 0.0}
         self._slowest_cycle = 0.0  # seconds of a chunk and the actions after it
         self.stop_reason = None   # set by `request_stop`, once every worker agrees
         self.interrupted = None   # a signal or the time budget: stop, save, resume later
-        self.last_eval = None
+        self.last_eval = self.last_train = None  # the latest eval/train metrics logged
         self._requested = None
         self._signalled = False
 
@@ -91,6 +92,10 @@ class Controller:
     def is_chief(self):
         """The one process that writes the workdir."""
         return self.trainer.is_chief
+
+    @property
+    def train_seconds(self):
+        return self.seconds["train"]
 
     @property
     def done(self):
@@ -114,7 +119,7 @@ class Controller:
         budget (`trainer.max_seconds`) stops the same way but returns.
         """
         trainer = self.trainer
-        self._started = time.monotonic()
+        self.started = time.monotonic()
         trainer.restore()
         self.step = self.start_step = int(trainer.step.numpy())
         iterator = iter(trainer.distributed_dataset("train"))  # bad data fails before any write
@@ -137,12 +142,16 @@ class Controller:
                                               time.monotonic() - cycle_start)
                     if self.interrupted:
                         break
-            except tf.errors.OpError as e:
-                if not self._multi_worker:
+            except Exception as error:  # divergence, a failed worker, a bug: still summed up
+                failure = (self._peer_failure(error) if self._multi_worker
+                           and isinstance(error, tf.errors.OpError) else error)
+                self.summaries.flush()
+                write_summary(self, f"{type(failure).__name__}: {str(failure).strip()[:500]}")
+                if failure is error:
                     raise
-                raise self._peer_failure(e) from e
+                raise failure from error
         self.summaries.flush()
-        self._log_final()
+        write_summary(self, self.interrupted or self.stop_reason)
         if self._signalled:
             raise Preempted(f"Stopped by {stop.name} at step {self.step}; checkpoint saved in "
                             f"{trainer.checkpoints.directory}. Relaunch with the same "
@@ -167,14 +176,14 @@ class Controller:
         start = time.monotonic()
         self.trainer.train_loop(iterator, tf.constant(num_steps, tf.int64))
         self.step = int(self.trainer.step.numpy())  # waits for the loop to finish
-        self.train_seconds += time.monotonic() - start
+        self.seconds["train"] += time.monotonic() - start
         self.trainer.check_finite(self.step)
 
     def _interruption(self, stop):
         """Why to stop and resume later, agreed by every worker: a signal, or the time
         budget, which one more chunk and its actions, as slow as the slowest so far,
         could overrun (so the last save is not cut off by a scheduler's limit)."""
-        elapsed = time.monotonic() - self._started
+        elapsed = time.monotonic() - self.started
         over_time = bool(self.max_seconds) and (
             elapsed + self._slowest_cycle > self.max_seconds)
         signalled, over_time = self._any_workers([stop.signum is not None, over_time])
@@ -198,10 +207,15 @@ class Controller:
                         or (self.interrupted and not action.on_interrupt)):
                     continue
                 if action.should_run(self, self.step, logs):
+                    start = time.monotonic()
                     action(self, self.step, logs)
+                    self.seconds[action.kind] = (self.seconds.get(action.kind, 0.0)
+                                                 + time.monotonic() - start)
                     ran.add(i)
             self._agree_on_requests()
             if self.done == done:
+                train = {k[6:]: v for k, v in logs.items() if k.startswith("train/")}
+                self.last_train = train or self.last_train
                 return logs
 
     def _agree_on_requests(self):
@@ -243,20 +257,6 @@ class Controller:
                                  else trainer.workdir.rstrip("/"))
         logging.info("TensorBoard logs in %s; view with: tensorboard --logdir=%s",
                      trainer.workdir, parent)
-
-    def _log_final(self):
-        trainer = self.trainer
-        source = trainer.task.describe_data()
-        summary = {
-            "steps": self.step, "steps_this_run": self.step - self.start_step,
-            "seconds": round(time.monotonic() - self._started, 1), "precision": trainer.policy,
-            "skipped_steps": int(trainer.loss_scale.skipped_steps.numpy()),
-            "stopped": self.interrupted or self.stop_reason,
-            "data": source, "eval": self.last_eval,
-        }
-        logging.info("Done: %s", json.dumps(summary))
-        if "SYNTHETIC" in source:
-            logging.warning("This run used SYNTHETIC data, not the real dataset.")
 
 
 def check_trainer_config(tc):

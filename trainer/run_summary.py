@@ -1,0 +1,61 @@
+"""`workdir/summary.json`: what a run did, written when it ends for any reason
+(train_steps reached, early stop, time budget, signal, divergence, a failure)."""
+
+import importlib.metadata
+import json
+import os
+import platform
+import time
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+
+def _version(package):
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def run_summary(controller, stopped):
+    """The summary of `controller`'s run; `stopped`: why it ended early, or None."""
+    trainer = controller.trainer
+    seconds = dict(controller.seconds, total=time.monotonic() - controller.started)
+    steps_this_run = controller.step - controller.start_step
+    model = trainer.model
+    return {
+        "stopped": stopped,
+        "steps": controller.step,
+        "train_steps": trainer.train_steps,
+        "steps_this_run": steps_this_run,
+        "seconds": {k: round(v, 2) for k, v in seconds.items()},
+        "examples_per_sec": round(steps_this_run * trainer.global_batch_size
+                                  / max(seconds["train"], 1e-9), 1),
+        "train": controller.last_train,
+        "eval": controller.last_eval,
+        "precision": trainer.policy,
+        "skipped_steps": int(trainer.loss_scale.skipped_steps.numpy()),
+        "strategy": type(trainer.strategy).__name__,
+        "replicas": trainer.strategy.num_replicas_in_sync,
+        "global_batch_size": trainer.global_batch_size,
+        "data": trainer.task.describe_data(),
+        "parameters": {"trainable": int(sum(v.numpy().size for v in model.trainable_weights)),
+                       "total": int(sum(v.numpy().size for v in model.weights))},
+        "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,
+                     "keras": keras.__version__, "tftrainer": _version("tftrainer")},
+    }
+
+
+def write_summary(controller, stopped):
+    """Logs the summary and writes it (chief only) to `workdir/summary.json`."""
+    summary = run_summary(controller, stopped)
+    controller.files.write_json(os.path.join(controller.trainer.workdir, "summary.json"),
+                                summary)
+    logging.info("Done: %s", json.dumps({k: summary[k] for k in (
+        "steps", "steps_this_run", "seconds", "precision", "skipped_steps", "stopped",
+        "data", "eval")}))
+    if "SYNTHETIC" in summary["data"]:
+        logging.warning("This run used SYNTHETIC data, not the real dataset.")
+    return summary
