@@ -72,7 +72,8 @@ def get_config():
         # After each eval, the best checkpoint by this eval metric is kept in workdir/best/
         # ("": none); early_stop_patience > 0 evals without improvement end the run.
         best_metric="eval/accuracy", best_mode="max", early_stop_patience=0,
-        max_seconds=0.0))          # > 0: stop with a checkpoint after this long (0: no limit)
+        max_seconds=0.0,           # > 0: stop with a checkpoint after this long (0: no limit)
+        profile_steps=()))         # (first, last): a profiler trace of those steps, in train/
 
     # --mode=continuous_eval: exit after this long without a new checkpoint.
     c.eval = ml_collections.ConfigDict(dict(timeout_seconds=3600))
@@ -80,4 +81,10 @@ def get_config():
     # Your own actions at loop boundaries, by name: dict(action="my_actions.PrintLoss",
     # every=100, **keyword arguments of the class or function). See BUILD.md.
     c.actions = ml_collections.ConfigDict()
+
+    # SavedModel for serving in workdir/export/<step>/, by --mode=export or (enabled) at
+    # the end of training. checkpoint: "" is the best one if trainer.best_metric is set,
+    # else the latest. compute_dtype: float32, or "training" to serve in the mixed policy.
+    c.export = ml_collections.ConfigDict(dict(enabled=False, checkpoint="",
+                                              compute_dtype="float32"))
     return c

@@ -33,9 +33,12 @@ def get_config():
         train_steps=3500, steps_per_loop=100, eval_every=500, checkpoint_every=500,
         max_to_keep=3, log_every=100, jit_compile=False, deterministic=False,
         max_nonfinite_steps=0,  # 0: 100 with float16 loss scaling, else 1
-        best_metric="eval/loss", best_mode="min", early_stop_patience=0, max_seconds=0.0))
+        best_metric="eval/loss", best_mode="min", early_stop_patience=0, max_seconds=0.0,
+        profile_steps=()))
     c.eval = ml_collections.ConfigDict(dict(timeout_seconds=3600))
     c.actions = ml_collections.ConfigDict()  # see configs/cifar.py
     c.sample = ml_collections.ConfigDict(dict(
         prompt="import ", num_bytes=256, temperature=0.8, top_k=40, seed=0))
+    c.export = ml_collections.ConfigDict(dict(enabled=False, checkpoint="",
+                                              compute_dtype="float32"))  # see cifar.py
     return c

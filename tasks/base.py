@@ -48,6 +48,13 @@ class Task(abc.ABC):
     def update_metrics(self, metrics, labels, outputs):
         """Updates `metrics` (as built by `build_metrics`) with one batch."""
 
+    def serving_input(self):
+        """(tf.TensorSpec of the raw input a client sends, function from it to the model's
+        features) for `--mode=export`, e.g. uint8 images and the normalization."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not define serving_input(), so it cannot be "
+            "exported; see BUILD.md, 'Exporting for serving'.")
+
     def describe_data(self):
         """One line saying where the data came from, for logs and the final summary."""
         return "unknown"

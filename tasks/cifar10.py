@@ -183,6 +183,11 @@ class Cifar10Task(base.Task):
                                           num_parallel_calls=tf.data.AUTOTUNE)
         return ds.prefetch(tf.data.AUTOTUNE)
 
+    def serving_input(self):
+        normalization = self.config.data.normalization
+        return (tf.TensorSpec([None, 32, 32, 3], tf.uint8, name="images"),
+                lambda images: normalize(images, normalization))
+
     def compute_loss(self, labels, outputs):
         return keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
 

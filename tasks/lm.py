@@ -167,6 +167,10 @@ class ByteLMTask(base.Task):
         ds = ds.map(lambda w: (tf.cast(w[:, :-1], tf.int32), tf.cast(w[:, 1:], tf.int32)))
         return ds.prefetch(tf.data.AUTOTUNE)
 
+    def serving_input(self):
+        """Byte ids [batch, length <= seq_len]; the logits predict each next byte."""
+        return tf.TensorSpec([None, None], tf.int32, name="tokens"), lambda tokens: tokens
+
     def compute_loss(self, labels, outputs):
         return per_byte_loss(labels, outputs)  # [batch, seq_len]: one loss per byte
 

@@ -17,7 +17,8 @@ from trainer.controller import Controller
 from trainer.signals import Preempted
 from trainer.distribute import build_strategy, is_chief
 from trainer.evaluator import continuous_eval
-from trainer.precision import set_policy
+from trainer.export import export
+from trainer.precision import set_policy, use_float32_layers
 from trainer.precision_check import precision_check
 from trainer.workdir import EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, check_workdir, lock_holder
 
@@ -27,13 +28,14 @@ config_flags.DEFINE_config_file("config", None, "Config file (a get_config() mod
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, summaries and config.json.")
 flags.DEFINE_enum("mode", "train_and_eval",
                   ["train", "eval", "train_and_eval", "continuous_eval", "sample",
-                   "precision_check"],
+                   "precision_check", "export"],
                   "train: train only; eval: evaluate the latest checkpoint; "
                   "train_and_eval: train, evaluating every trainer.eval_every steps; "
                   "continuous_eval: evaluate each new checkpoint a --mode=train run writes; "
                   "sample: print text from the latest checkpoint (language models); "
                   "precision_check: the mixed policy against float32, layer by layer, "
-                  "for numerics.check_steps steps.")
+                  "for numerics.check_steps steps; export: a SavedModel for serving of the "
+                  "best or latest checkpoint (or export.checkpoint) in workdir/export/.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -57,8 +59,10 @@ def execute(config, workdir, mode):
     import keras  # after flag parsing: keeps --help fast
     strategy = build_strategy(config.distribution)  # first: multi-worker needs a fresh runtime
     keras.utils.set_random_seed(config.seed)
-    if mode == "sample" or not is_chief(strategy):
-        run(config, strategy, workdir, mode)  # reads the workdir only / not the chief: no lock
+    if mode in ("sample", "export") or not is_chief(strategy):
+        # Read the workdir only (export writes a new directory, next to a running
+        # training if need be) / not the chief: no lock.
+        run(config, strategy, workdir, mode)
         return
     check_workdir(workdir)
     _refuse_two_evaluators(workdir, mode)
@@ -86,6 +90,10 @@ def run(config, strategy, workdir, mode):
         return
     set_policy(config.precision, strategy)
     task = tasks.get_task(config)
+    if mode == "export":
+        use_float32_layers(tuple(config.precision_overrides.float32_layers))
+        export(config, task, workdir)
+        return
     trainer = Trainer(config, task, strategy, workdir)
     if mode == "continuous_eval":
         continuous_eval(trainer)

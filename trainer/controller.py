@@ -19,6 +19,7 @@ from absl import logging
 
 from trainer import actions as actions_lib
 from trainer.best import BestCheckpoint
+from trainer.export import Export
 from trainer.numerics import NumericsLog
 from trainer.precision import layers_of
 from trainer.run_summary import write_summary
@@ -33,7 +34,8 @@ class Controller:
     Built in, in this order: LogTrain (`log_every`), SaveCheckpoint
     (`checkpoint_every`, and whenever the run stops early), Evaluate
     (`eval_every`, if `evaluate`), BestCheckpoint (`best_metric`, with early
-    stopping after `early_stop_patience` evaluations without improvement); then
+    stopping after `early_stop_patience` evaluations without improvement),
+    NumericsLog (`numerics.every`), Export (`export.enabled`, at the end); then
     the actions of `config.actions`, then `actions`.
     """
 
@@ -64,6 +66,8 @@ class Controller:
                 trainer.telemetry, trainer.loss_scale.enabled,
                 os.path.join(trainer.workdir, "numerics.json"),
                 {layer.path: layer.compute_dtype for layer in layers_of(trainer.model)}))
+        if config.export.enabled:
+            self.actions.append(Export())
         self.actions += actions_lib.from_config(config.actions) + list(actions)
         self.max_seconds = tc.max_seconds
         self.step = self.start_step = int(trainer.step.numpy())

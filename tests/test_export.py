@@ -1,0 +1,100 @@
+"""SavedModel export: a fresh process serves what the trained model predicts."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tasks
+from conftest import build, tiny_config
+from test_precision import tiny_lm_config
+from trainer.cli import execute
+from trainer.export import export
+
+# Loads each export in a process of its own, as a server would, and saves its outputs.
+SERVE = """
+import sys, numpy as np, tensorflow as tf
+for directory, inputs, out in zip(sys.argv[1::3], sys.argv[2::3], sys.argv[3::3]):
+    serve = tf.saved_model.load(directory).signatures["serving_default"]
+    (name, spec), = serve.structured_input_signature[1].items()
+    result = serve(**{name: tf.constant(np.load(inputs), spec.dtype)})
+    np.savez(out, name=name, **{k: v.numpy() for k, v in result.items()})
+"""
+
+
+def serve_in_fresh_process(tmp_path, exports):
+    """{export dir: inputs} -> {export dir: the outputs a fresh process serves}."""
+    args = []
+    for i, (directory, inputs) in enumerate(exports.items()):
+        np.save(tmp_path / f"in{i}.npy", inputs)
+        args += [directory, str(tmp_path / f"in{i}.npy"), str(tmp_path / f"out{i}.npz")]
+    run = subprocess.run([sys.executable, "-c", SERVE] + args, capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    return {d: dict(np.load(tmp_path / f"out{i}.npz")) for i, d in enumerate(exports)}
+
+
+def test_a_fresh_process_serves_the_trained_models_predictions(tmp_path):
+    # CIFAR trained in mixed_bfloat16, exported by the end-of-training action (float32).
+    cifar = build(tiny_config(precision="mixed_bfloat16", **{
+        "trainer.train_steps": 4, "data.normalization": "standardize"}), tmp_path / "cifar")
+    cifar.config.unlock().export.enabled = True
+    cifar.train()
+    best_step = json.load(open(tmp_path / "cifar/best/best.json"))["step"]
+    cifar_dir = str(tmp_path / "cifar/export" / str(best_step))
+    images = np.random.default_rng(0).integers(0, 256, (6, 32, 32, 3), dtype=np.uint8)
+    # The LM (float32), exported by --mode=export from its latest checkpoint.
+    lm_config = tiny_lm_config("float32", **{"trainer.best_metric": ""})
+    build(lm_config, tmp_path / "lm").train(evaluate=False)
+    execute(lm_config, str(tmp_path / "lm"), "export")
+    lm_dir = str(tmp_path / "lm/export/2")
+    tokens = np.random.default_rng(1).integers(0, 256, (3, 11), dtype=np.int32)
+
+    served = serve_in_fresh_process(tmp_path, {cifar_dir: images, lm_dir: tokens})
+
+    assert str(served[cifar_dir]["name"]) == "images"
+    assert str(served[lm_dir]["name"]) == "tokens"
+    metadata = json.load(open(os.path.join(cifar_dir, "assets.extra/export.json")))
+    assert metadata["compute_dtype"] == "float32" and metadata["input"]["dtype"] == "uint8"
+    assert metadata["training_precision"] == "mixed_bfloat16"
+    # The in-memory model, at the exported weights, in float32 and in bfloat16.
+    cifar.restore(metadata["checkpoint"])
+    features = tasks.cifar10.normalize(images, "standardize")
+    keras.mixed_precision.set_global_policy("float32")
+    float32_model = cifar.task.build_model()
+    float32_model.set_weights([w.numpy() for w in cifar.model.weights])
+    expected = float32_model(features, training=False).numpy()
+    logits = served[cifar_dir]["logits"]
+    assert logits.dtype == np.float32 and served[cifar_dir]["probabilities"].dtype == np.float32
+    np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(served[cifar_dir]["probabilities"],
+                               tf.nn.softmax(expected).numpy(), atol=1e-5)
+    bfloat16_logits = cifar.model(features, training=False).numpy()
+    np.testing.assert_allclose(logits, bfloat16_logits, atol=0.1)  # bfloat16's precision
+
+    lm = build(lm_config, tmp_path / "lm")
+    lm.restore()
+    np.testing.assert_allclose(served[lm_dir]["logits"], lm.model(tokens).numpy(),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_a_bad_checkpoint_is_a_clear_error_and_writes_nothing(tmp_path):
+    config = tiny_config(**{"trainer.train_steps": 2, "trainer.best_metric": ""})
+    task = tasks.get_task(config)
+    with pytest.raises(FileNotFoundError, match="no checkpoint in .* Train first"):
+        export(config, task, str(tmp_path))
+    build(config, tmp_path).train(evaluate=False)
+    data = tf.io.gfile.glob(str(tmp_path / "checkpoints/ckpt-2.data*"))[0]
+    with open(data, "r+b") as f:  # damage the latest checkpoint's values
+        f.truncate(100)
+    with pytest.raises(ValueError, match="Cannot export checkpoint .*ckpt-2.*nothing was"):
+        export(config, task, str(tmp_path))
+    config.export.checkpoint = str(tmp_path / "checkpoints/ckpt-7")
+    with pytest.raises(ValueError, match="Cannot export checkpoint .*ckpt-7"):
+        export(config, task, str(tmp_path))
+    assert not (tmp_path / "export").exists()

@@ -1,0 +1,140 @@
+"""SavedModel export for serving: `workdir/export/<step>/`.
+
+The served model is a fresh build of the Task's model in float32 (or, with
+`export.compute_dtype="training"`, in the training policy with its per-layer
+overrides), loaded from a checkpoint: latest, best, or `export.checkpoint`.
+Keras 3's `ExportArchive` writes it (a raw `tf.saved_model.save` of a Keras 3
+model loses input names and dtypes). Its `serving_default` signature takes the
+raw input a client has (the Task's `serving_input`) and returns float32
+`logits` and `probabilities`. `assets.extra/export.json` says what was exported.
+"""
+
+import json
+import os
+import uuid
+
+import keras
+import tensorflow as tf
+from absl import logging
+from tensorflow.io import gfile
+
+from trainer.actions import Action
+from trainer.checkpoints import read_error
+from trainer.optimizers import build_optimizer
+from trainer.precision import check_float32_layers
+from trainer.workdir import read_json
+
+COMPUTE_DTYPES = ("float32", "training")
+METADATA = os.path.join("assets.extra", "export.json")
+
+
+def choose_checkpoint(config, workdir):
+    """`export.checkpoint`, else the best checkpoint if `trainer.best_metric` has one,
+    else the latest; a clear error if there is none."""
+    if config.export.checkpoint:
+        return config.export.checkpoint
+    if config.trainer.best_metric:
+        best = read_json(os.path.join(workdir, "best", "best.json"), "the best checkpoint")
+        if best:  # (its name is relative to best/)
+            return os.path.join(workdir, "best", best["checkpoint"])
+    latest = tf.train.latest_checkpoint(os.path.join(workdir, "checkpoints"))
+    if not latest:
+        raise FileNotFoundError(
+            f"Nothing to export: no checkpoint in {workdir}/checkpoints. Train first, or "
+            "name one with --config.export.checkpoint=PATH/ckpt-N.")
+    return latest
+
+
+def export(config, task, workdir, checkpoint=None, layer_policies=None):
+    """Writes the SavedModel of `checkpoint` (default: `choose_checkpoint`) and returns
+    its directory. Nothing is written if the checkpoint cannot be read.
+
+    `layer_policies`: the training model's per-layer dtype policies, for
+    `export.compute_dtype="training"` (default: as the config builds them).
+    """
+    compute_dtype = config.export.compute_dtype
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"export.compute_dtype={compute_dtype!r} must be one of "
+                         f"{COMPUTE_DTYPES}.")
+    spec, preprocess = task.serving_input()
+    checkpoint = checkpoint or choose_checkpoint(config, workdir)
+    model, step = _load(config, task, checkpoint, compute_dtype, layer_policies)
+    directory = os.path.join(workdir, "export", str(step))
+    metadata = {"step": step, "checkpoint": checkpoint, "compute_dtype": compute_dtype,
+                "training_precision": config.precision, "task": config.task.name,
+                "input": {"name": spec.name, "dtype": spec.dtype.name,
+                          "shape": spec.shape.as_list()},
+                "outputs": {"logits": "float32", "probabilities": "float32"}}
+    existing = read_json(os.path.join(directory, METADATA), "an export's metadata")
+    if existing == metadata:
+        logging.info("%s already holds this export.", directory)
+        return directory
+    if gfile.exists(directory):
+        raise FileExistsError(
+            f"{directory} holds another export of step {step} ({existing}); move it away "
+            "to export again.")
+
+    @tf.function
+    def serve(raw):
+        logits = tf.cast(model(preprocess(raw), training=False), tf.float32)
+        return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("serve", serve, input_signature=[spec])  # also serving_default
+    temporary = f"{directory}.tmp-{uuid.uuid4().hex[:8]}"  # no half-written export/<step>
+    archive.write_out(temporary, verbose=False)
+    gfile.makedirs(os.path.join(temporary, os.path.dirname(METADATA)))
+    with gfile.GFile(os.path.join(temporary, METADATA), "w") as f:
+        f.write(json.dumps(metadata, indent=2))
+    gfile.rename(temporary, directory)
+    logging.info("Exported step %d (%s, compute dtype %s) to %s.", step, checkpoint,
+                 compute_dtype, directory)
+    return directory
+
+
+def _load(config, task, checkpoint, compute_dtype, layer_policies):
+    """A fresh model with `checkpoint`'s weights, computing in `compute_dtype`."""
+    previous = keras.mixed_precision.global_policy()
+    try:
+        if compute_dtype == "float32":
+            keras.mixed_precision.set_global_policy("float32")
+        model = task.build_model()
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    if compute_dtype == "training" and layer_policies:
+        for layer, policy in zip(model._flatten_layers(include_self=False), layer_policies):
+            layer.dtype_policy = policy
+    elif compute_dtype == "training":
+        check_float32_layers(model, tuple(config.precision_overrides.float32_layers))
+    step = tf.Variable(0, dtype=tf.int64)
+    # Read as the Trainer writes it: Keras 3 layers held in a Python list (the LM's
+    # blocks) are no checkpoint children of the model, only of the optimizer, which
+    # lists every trainable variable.
+    optimizer = build_optimizer(config.optimizer, int(config.trainer.train_steps), step)
+    optimizer.build(model.trainable_variables)
+    try:
+        tf.train.Checkpoint(model=model, optimizer=optimizer, step=step).read(
+            checkpoint).expect_partial().assert_existing_objects_matched()
+    except Exception as e:  # noqa: BLE001  (missing, damaged or another model: same advice)
+        damage = read_error(checkpoint)
+        raise ValueError(
+            f"Cannot export checkpoint {checkpoint}: "
+            f"{(damage or str(e).strip().splitlines()[0][:300]).rstrip('.')}. Name a "
+            "readable checkpoint "
+            "of this config with --config.export.checkpoint=PATH/ckpt-N; nothing was "
+            "written.") from e
+    return model, int(step.numpy())
+
+
+class Export(Action):
+    """Exports at the end of training (`export.enabled`): the best checkpoint when the
+    best-checkpoint action is on, else the final one, in the trained model's policies."""
+
+    every, chief_only, kind = 0, True, "checkpoint"
+
+    def __call__(self, controller, step, logs):
+        trainer = controller.trainer
+        export(trainer.config, trainer.task, trainer.workdir,
+               layer_policies=[layer.dtype_policy for layer in
+                               trainer.model._flatten_layers(include_self=False)])
