@@ -45,6 +45,11 @@ class Action:
     def begin(self, controller):
         """Called once before the first step of `Controller.train`, on every worker."""
 
+    def boundaries(self):
+        """Steps, besides the multiples of `every`, where a compiled chunk must end so
+        that `should_run` sees them."""
+        return ()
+
     def should_run(self, controller, step, logs):
         """Whether to run at this boundary (`controller.done`: training is over;
         `controller.interrupted`: why the run stops to be resumed, or None)."""

@@ -22,6 +22,7 @@ from trainer.best import BestCheckpoint
 from trainer.export import Export
 from trainer.numerics import NumericsLog
 from trainer.precision import layers_of
+from trainer.profiler import Profile, check_profile_steps
 from trainer.run_summary import write_summary
 from trainer.signals import Preempted, StopOnSignal
 from trainer.summaries import Summaries
@@ -66,6 +67,9 @@ class Controller:
                 trainer.telemetry, trainer.loss_scale.enabled,
                 os.path.join(trainer.workdir, "numerics.json"),
                 {layer.path: layer.compute_dtype for layer in layers_of(trainer.model)}))
+        profile = check_profile_steps(tc.profile_steps, trainer.train_steps)
+        if profile:
+            self.actions.append(Profile(*profile, os.path.join(trainer.workdir, "train")))
         if config.export.enabled:
             self.actions.append(Export())
         self.actions += actions_lib.from_config(config.actions) + list(actions)
@@ -176,10 +180,14 @@ class Controller:
         intervals = [self.trainer.config.trainer.steps_per_loop] + [
             a.every for a in self.actions if a.every > 0]
         num_steps = min([k - self.step % k for k in intervals]
+                        + [b - self.step for a in self.actions for b in a.boundaries()
+                           if b > self.step]
                         + [self.trainer.train_steps - self.step])
         start = time.monotonic()
-        self.trainer.train_loop(iterator, tf.constant(num_steps, tf.int64))
-        self.step = int(self.trainer.step.numpy())  # waits for the loop to finish
+        # A profiler step for TensorBoard's Profile tab (a no-op unless profiling).
+        with tf.profiler.experimental.Trace("train", step_num=self.step + 1, _r=1):
+            self.trainer.train_loop(iterator, tf.constant(num_steps, tf.int64))
+            self.step = int(self.trainer.step.numpy())  # waits for the loop to finish
         self.seconds["train"] += time.monotonic() - start
         self.trainer.check_finite(self.step)
 
@@ -257,6 +265,7 @@ class Controller:
                               trainer.config.to_json_best_effort(indent=2))
         self.summaries.text("train", "config", "```\n" + str(trainer.config) + "\n```",
                             self.step)
+        self.summaries.hparams(trainer.config)
         parent = os.path.dirname(os.path.abspath(trainer.workdir) if is_local(trainer.workdir)
                                  else trainer.workdir.rstrip("/"))
         logging.info("TensorBoard logs in %s; view with: tensorboard --logdir=%s",

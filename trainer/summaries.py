@@ -4,6 +4,7 @@ import os
 
 import numpy as np
 import tensorflow as tf
+from tensorboard.plugins.hparams import api as hparams_api
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 
 
@@ -41,6 +42,25 @@ class Summaries:
                 tf.summary.write(name, buckets, metadata=histogram_metadata.
                                  create_summary_metadata(name, "log2 of |scaled gradient|"))
         writer.flush()
+
+    def hparams(self, config):
+        """The config, flattened (`trainer.train_steps`: 200, ...), for TensorBoard's
+        HParams dashboard, in the workdir itself: with --logdir on a folder of runs,
+        each workdir is one session there, its eval/ scalars the session's metrics."""
+        values = {}
+
+        def flatten(prefix, node):
+            for key, value in node.items():
+                if isinstance(value, dict):
+                    flatten(f"{prefix}{key}.", value)
+                else:
+                    values[prefix + key] = (value if isinstance(value, (bool, int, float, str))
+                                            else str(value))
+
+        flatten("", config.to_dict())
+        with self._writer("").as_default():
+            hparams_api.hparams(values, trial_id=os.path.basename(self.workdir.rstrip("/")))
+        self._writer("").flush()
 
     def text(self, run, name, text, step):
         with self._writer(run).as_default(step=tf.convert_to_tensor(step, tf.int64)):

@@ -1,0 +1,105 @@
+"""What a user inspects: TensorBoard through the real server, HParams, the profiler."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+import tensorflow as tf
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+from conftest import build, scalars, tiny_config
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A short run: 8 steps, logs and evals every 4, a profile of steps 3 to 5."""
+    workdir = tmp_path_factory.mktemp("runs") / "run1"
+    config = tiny_config(**{"trainer.train_steps": 8, "trainer.steps_per_loop": 4,
+                            "trainer.log_every": 4, "trainer.eval_every": 4,
+                            "trainer.profile_steps": (3, 5)})
+    trainer = build(config, workdir)
+    last_eval = trainer.train()
+    return workdir, last_eval
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(port, route, body=None):
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{route}", data=body and json.dumps(body).encode(),
+        headers={"X-XSRF-Protected": "1", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_tensorboard_serves_what_the_trainer_logged(run):
+    workdir, last_eval = run
+    port = free_port()
+    server = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "tensorboard"),
+         f"--logdir={workdir.parent}", "--host=127.0.0.1", f"--port={port}",
+         "--load_fast=false", "--reload_interval=1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, runs = time.monotonic() + 90, []
+        while not {"run1/train", "run1/eval"} <= set(runs):
+            assert server.poll() is None, server.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, f"TensorBoard did not load the runs: {runs}"
+            time.sleep(1)
+            try:
+                runs = get(port, "/data/runs")
+            except OSError:
+                continue  # not listening yet
+        tags = get(port, "/data/plugin/scalars/tags")
+        assert {"loss", "accuracy", "learning_rate", "examples_per_sec"} <= set(
+            tags["run1/train"])
+        assert {"loss", "accuracy"} <= set(tags["run1/eval"])
+        logged = scalars(workdir, "train")["loss"]
+        served = get(port, "/data/plugin/scalars/scalars?" + urllib.parse.urlencode(
+            {"run": "run1/train", "tag": "loss"}))
+        assert [(step, value) for _, step, value in served] == logged
+        assert [s for s, _ in logged] == [4, 8]
+        served = get(port, "/data/plugin/scalars/scalars?" + urllib.parse.urlencode(
+            {"run": "run1/eval", "tag": "accuracy"}))
+        assert served[-1][1] == 8
+        assert served[-1][2] == pytest.approx(last_eval["accuracy"], rel=1e-6)
+
+        # HParams: the run is one session, its config fields the hparams, eval/ the metrics
+        experiment = get(port, "/data/plugin/hparams/experiment", {"experimentName": ""})
+        hparams = {h["name"] for h in experiment["hparamInfos"]}
+        assert {"trainer.train_steps", "optimizer.learning_rate", "precision"} <= hparams
+        metrics = {(m["name"].get("group"), m["name"]["tag"])
+                   for m in experiment["metricInfos"]}
+        assert ("eval", "accuracy") in metrics
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_the_profile_covers_exactly_the_asked_steps(run):
+    workdir, _ = run
+    traces = tf.io.gfile.glob(str(workdir / "train/plugins/profile/*/*.xplane.pb"))
+    assert len(traces) == 1
+    space = xplane_pb2.XSpace()
+    with open(traces[0], "rb") as f:
+        space.ParseFromString(f.read())
+    marked = []  # the first step of each host call of the train loop in the trace
+    for plane in space.planes:
+        for line in plane.lines:
+            for event in line.events:
+                if plane.event_metadata[event.metadata_id].name == "train":
+                    stats = {plane.stat_metadata[s.metadata_id].name: s.int64_value
+                             for s in event.stats}
+                    marked.append(stats["step_num"])
+    # steps_per_loop=4, so the loop was split at the window: calls for steps 3-4 and 5
+    assert sorted(marked) == [3, 5]
