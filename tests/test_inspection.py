@@ -1,5 +1,6 @@
 """What a user inspects: TensorBoard through the real server, HParams, the profiler."""
 
+import io
 import json
 import os
 import socket
@@ -103,3 +104,23 @@ def test_the_profile_covers_exactly_the_asked_steps(run):
                     marked.append(stats["step_num"])
     # steps_per_loop=4, so the loop was split at the window: calls for steps 3-4 and 5
     assert sorted(marked) == [3, 5]
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_a_progress_bar_on_a_terminal_only(tmp_path, monkeypatch, capsys, tty):
+    if tty:
+        monkeypatch.setattr(sys, "stdout", Terminal())
+    trainer = build(tiny_config(**{"trainer.train_steps": 6, "trainer.steps_per_loop": 2,
+                                   "trainer.log_every": 3}), tmp_path)
+    trainer.train(evaluate=False)
+    shown = sys.stdout.getvalue() if tty else capsys.readouterr().out
+    if tty:  # redrawn in place at each loop boundary, with the loss once logged
+        assert shown.count("\r") >= 3 and "6/6" in shown
+        assert "loss:" in shown and "ex/s:" in shown
+    else:
+        assert "\r" not in shown and "\b" not in shown and "6/6" not in shown

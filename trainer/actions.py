@@ -17,6 +17,7 @@ and adds from a config, with no change to the framework:
 model was evaluated.
 """
 
+import keras
 from absl import logging
 
 from trainer.plugins import import_object
@@ -92,6 +93,35 @@ class LogTrain(Action):
         logging.info("step %d/%d: %s | %.0f ex/s%s, %.2f steps/s, ETA %s", step,
                      trainer.train_steps, format_metrics(metrics), examples_per_sec, tokens,
                      steps_per_sec, format_duration(eta))
+
+
+class ProgressBar(Action):
+    """A live bar on a terminal (stdout a TTY): step/total, loss, examples/sec, ETA,
+    updated at every loop boundary; Keras' Progbar draws it."""
+
+    on_interrupt, chief_only = True, True
+
+    def __init__(self):
+        self.bar, self.loss, self._last = None, None, None
+
+    def should_run(self, controller, step, logs):
+        return True
+
+    def __call__(self, controller, step, logs):
+        trainer = controller.trainer
+        if self.bar is None:
+            self.bar = keras.utils.Progbar(trainer.train_steps, unit_name="step",
+                                           stateful_metrics=["loss", "ex/s"])
+        last_step, last_seconds = self._last or (controller.start_step, 0.0)
+        values = []
+        if step > last_step:
+            seconds = max(controller.train_seconds - last_seconds, 1e-9)
+            values.append(("ex/s", (step - last_step) * trainer.global_batch_size / seconds))
+        self._last = (step, controller.train_seconds)
+        self.loss = logs.get("train/loss", self.loss)
+        if self.loss is not None:
+            values.append(("loss", self.loss))
+        self.bar.update(step, values, finalize=controller.done or None)
 
 
 class SaveCheckpoint(Action):

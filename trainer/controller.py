@@ -12,6 +12,7 @@ its clock, a stop requested by an action) are agreed on by all-reducing a flag.
 
 import os
 import signal
+import sys
 import time
 
 import tensorflow as tf
@@ -67,6 +68,8 @@ class Controller:
                 trainer.telemetry, trainer.loss_scale.enabled,
                 os.path.join(trainer.workdir, "numerics.json"),
                 {layer.path: layer.compute_dtype for layer in layers_of(trainer.model)}))
+        if sys.stdout.isatty():
+            self.actions.append(actions_lib.ProgressBar())
         profile = check_profile_steps(tc.profile_steps, trainer.train_steps)
         if profile:
             self.actions.append(Profile(*profile, os.path.join(trainer.workdir, "train")))
