@@ -38,7 +38,8 @@ def get_config():
     c.eval = ml_collections.ConfigDict(dict(timeout_seconds=3600))
     c.actions = ml_collections.ConfigDict()  # see configs/cifar.py
     c.sample = ml_collections.ConfigDict(dict(
-        prompt="import ", num_bytes=256, temperature=0.8, top_k=40, seed=0))
+        prompt="import ", num_bytes=256, temperature=0.8, top_k=40, seed=0,
+        summary_bytes=128))  # a sample of this many bytes in TensorBoard at each eval (0: none)
     c.export = ml_collections.ConfigDict(dict(enabled=False, checkpoint="",
                                               compute_dtype="float32"))  # see cifar.py
     return c

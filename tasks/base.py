@@ -55,6 +55,16 @@ class Task(abc.ABC):
             f"{type(self).__name__} does not define serving_input(), so it cannot be "
             "exported; see BUILD.md, 'Exporting for serving'.")
 
+    def display_images(self, features):
+        """A train batch's `features` as images in [0, 1] ([N, H, W, C]) for TensorBoard,
+        or None (not an image task)."""
+        return None
+
+    def eval_sample(self, model):
+        """A short text the model generates, written to TensorBoard at each evaluation,
+        or None."""
+        return None
+
     def describe_data(self):
         """One line saying where the data came from, for logs and the final summary."""
         return "unknown"

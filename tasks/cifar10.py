@@ -183,6 +183,10 @@ class Cifar10Task(base.Task):
                                           num_parallel_calls=tf.data.AUTOTUNE)
         return ds.prefetch(tf.data.AUTOTUNE)
 
+    def display_images(self, features):
+        shift, scale = NORMALIZATIONS[self.config.data.normalization]
+        return tf.clip_by_value((features * scale + shift) / 255.0, 0.0, 1.0)
+
     def serving_input(self):
         normalization = self.config.data.normalization
         return (tf.TensorSpec([None, 32, 32, 3], tf.uint8, name="images"),

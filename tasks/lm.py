@@ -167,6 +167,15 @@ class ByteLMTask(base.Task):
         ds = ds.map(lambda w: (tf.cast(w[:, :-1], tf.int32), tf.cast(w[:, 1:], tf.int32)))
         return ds.prefetch(tf.data.AUTOTUNE)
 
+    def eval_sample(self, model):
+        s = self.config.sample
+        if not s.summary_bytes:
+            return None
+        prompt = s.prompt.encode()
+        text = prompt + self.sample(model, prompt, s.summary_bytes, s.temperature, s.top_k,
+                                    s.seed)
+        return text.decode("utf-8", errors="replace")
+
     def serving_input(self):
         """Byte ids [batch, length <= seq_len]; the logits predict each next byte."""
         return tf.TensorSpec([None, None], tf.int32, name="tokens"), lambda tokens: tokens

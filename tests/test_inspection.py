@@ -10,10 +10,12 @@ import time
 import urllib.parse
 import urllib.request
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
+import tasks
 from conftest import build, scalars, tiny_config
 
 
@@ -85,6 +87,21 @@ def test_tensorboard_serves_what_the_trainer_logged(run):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_the_first_training_batch_is_shown_as_one_grid(run):
+    workdir, _ = run
+    images = [v for path in tf.io.gfile.glob(str(workdir / "train/events.*"))
+              for e in tf.compat.v1.train.summary_iterator(path) for v in e.summary.value
+              if v.tag == "input_batch"]
+    assert len(images) == 1
+    grid = tf.io.decode_png(tf.make_ndarray(images[0].tensor)[2]).numpy()
+    assert grid.shape == (6 * 32, 6 * 32, 3)  # 32 images: 6 columns, 6 rows
+    config = tiny_config()
+    task = tasks.get_task(config)
+    features, _ = next(iter(task.build_inputs("train", tf.distribute.InputContext(), 0)))
+    first = np.round(task.display_images(features)[0].numpy() * 255)
+    np.testing.assert_allclose(grid[:32, :32], first, atol=1)  # the pixels, not the floats
 
 
 def test_the_profile_covers_exactly_the_asked_steps(run):

@@ -46,6 +46,14 @@ def test_tiny_lm_overfits_repeated_text(tmp_path):
     train_bits = trainer.train_metrics[1].result().numpy()  # the last log interval
     assert train_bits < 0.5, train_bits
     assert results["bits_per_byte"] < 1.0
+    # the eval wrote what the model says after the prompt to TensorBoard
+    texts = {(e.step, v.tag): tf.make_ndarray(v.tensor).item().decode()
+             for path in tf.io.gfile.glob(str(tmp_path / "run/eval/events.*"))
+             for e in tf.compat.v1.train.summary_iterator(path) for v in e.summary.value
+             if v.metadata.plugin_data.plugin_name == "text"}
+    sample = trainer.task.eval_sample(trainer.model)
+    assert sample.startswith("import ") and len(sample) > 100
+    assert texts == {(150, "sample"): "```\n" + sample + "\n```"}
 
 
 def test_causal_logits_ignore_future_bytes():

@@ -25,6 +25,7 @@ from trainer.numerics import NumericsLog
 from trainer.precision import layers_of
 from trainer.profiler import Profile, check_profile_steps
 from trainer.run_summary import write_summary
+from trainer.samples import Samples
 from trainer.signals import Preempted, StopOnSignal
 from trainer.summaries import Summaries
 from trainer.workdir import ChiefFiles, is_local
@@ -63,6 +64,7 @@ class Controller:
             best = self.best_checkpoint()
             if best:
                 self.actions.append(best)
+        self.actions.append(Samples())
         if trainer.telemetry:
             self.actions.append(NumericsLog(
                 trainer.telemetry, trainer.loss_scale.enabled,

@@ -62,6 +62,13 @@ class Summaries:
             hparams_api.hparams(values, trial_id=os.path.basename(self.workdir.rstrip("/")))
         self._writer("").flush()
 
+    def image(self, run, name, image, step):
+        """Writes one image [H, W, C] with values in [0, 1]."""
+        writer = self._writer(run)
+        with writer.as_default(step=tf.convert_to_tensor(step, tf.int64)):
+            tf.summary.image(name, image[tf.newaxis])
+        writer.flush()
+
     def text(self, run, name, text, step):
         with self._writer(run).as_default(step=tf.convert_to_tensor(step, tf.int64)):
             tf.summary.text(name, text)
