@@ -134,10 +134,14 @@ def test_a_progress_bar_on_a_terminal_only(tmp_path, monkeypatch, capsys, tty):
         monkeypatch.setattr(sys, "stdout", Terminal())
     trainer = build(tiny_config(**{"trainer.train_steps": 6, "trainer.steps_per_loop": 2,
                                    "trainer.log_every": 3}), tmp_path)
-    trainer.train(evaluate=False)
+    results = trainer.train()
     shown = sys.stdout.getvalue() if tty else capsys.readouterr().out
     if tty:  # redrawn in place at each loop boundary, with the loss once logged
         assert shown.count("\r") >= 3 and "6/6" in shown
         assert "loss:" in shown and "ex/s:" in shown
+        # the eval's bar: one compiled call per batch, the same results
+        batches = -(-tiny_config().data.synthetic_test_size // 32)
+        assert f"{batches}/Unknown" in shown
+        assert trainer.evaluate() == pytest.approx(results, rel=1e-5)
     else:
         assert "\r" not in shown and "\b" not in shown and "6/6" not in shown

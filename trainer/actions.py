@@ -17,6 +17,8 @@ and adds from a config, with no change to the framework:
 model was evaluated.
 """
 
+import sys
+
 import keras
 from absl import logging
 
@@ -147,7 +149,8 @@ class Evaluate(Action):
         self.every = every
 
     def __call__(self, controller, step, logs):
-        results = controller.trainer.evaluate()
+        results = controller.trainer.evaluate(progress=controller.is_chief and
+                                              sys.stdout.isatty())
         controller.summaries.scalars("eval", results, step)
         logs.update({f"eval/{k}": v for k, v in results.items()})
         controller.last_eval = results

@@ -20,6 +20,7 @@ from absl import logging
 
 from trainer import actions as actions_lib
 from trainer.best import BestCheckpoint
+from trainer.divergence import check_finite
 from trainer.export import Export
 from trainer.numerics import NumericsLog
 from trainer.precision import layers_of
@@ -194,7 +195,7 @@ class Controller:
             self.trainer.train_loop(iterator, tf.constant(num_steps, tf.int64))
             self.step = int(self.trainer.step.numpy())  # waits for the loop to finish
         self.seconds["train"] += time.monotonic() - start
-        self.trainer.check_finite(self.step)
+        check_finite(self.trainer, self.step)
 
     def _interruption(self, stop):
         """Why to stop and resume later, agreed by every worker: a signal, or the time

@@ -117,6 +117,8 @@ class Trainer:
             self._forward_backward, jit_compile=bool(config.trainer.jit_compile))
         self.train_loop = tf.function(self._train_loop_fn)
         self.eval_loop = tf.function(self._eval_loop_fn)
+        self.eval_batch = tf.function(
+            lambda features, labels: strategy.run(self.eval_step, args=(features, labels)))
         self._eval_dataset = None  # built on the first evaluation, reused after
 
     # ----------------------------------------------------------------- steps
@@ -271,13 +273,26 @@ class Trainer:
                 logging.info("%s", message)
         return path
 
-    def evaluate(self):
-        """One full pass over the eval split; returns {metric name: float}."""
+    def evaluate(self, progress=False):
+        """One full pass over the eval split; returns {metric name: float}.
+
+        `progress`: a bar of batches on the terminal; the batches then run one
+        compiled call each, instead of the whole pass in one.
+        """
         for m in self.eval_metrics:
             m.reset_state()
         if self._eval_dataset is None:
             self._eval_dataset = self.distributed_dataset("eval")
-        self.eval_loop(self._eval_dataset)
+        if progress:
+            bar = keras.utils.Progbar(None, unit_name="eval batch")
+            batches = 0
+            for features, labels in self._eval_dataset:
+                self.eval_batch(features, labels)
+                batches += 1
+                bar.update(batches)
+            bar.update(batches, finalize=True)
+        else:
+            self.eval_loop(self._eval_dataset)
         results = {m.name: float(m.result()) for m in self.eval_metrics}
         logging.info("eval @ step %d: %s", int(self.step.numpy()), format_metrics(results))
         return results
@@ -294,22 +309,3 @@ class Trainer:
         for m in self.train_metrics + [self.grad_norm]:
             m.reset_state()
         return results
-
-    def check_finite(self, step):
-        """Stops the run, before anything is saved, if it has diverged."""
-        streak = int(self.nonfinite_streak.numpy())
-        weights_finite = bool(all_finite(self.model.weights))
-        if streak < self.max_nonfinite_steps and weights_finite:
-            return
-        latest = self.checkpoints.latest if self.is_chief else None
-        what = (f"{streak} consecutive steps had non-finite gradients (skipped, so the "
-                "weights were not changed by them)" if weights_finite
-                else "the weights became non-finite")
-        raise FloatingPointError(
-            f"Training diverged at step {step}: {what}. Mean train loss since the last log: "
-            f"{float(self.train_metrics[0].result()):.4g}; loss scale "
-            f"{float(self.loss_scale.scale.numpy()):g}. No checkpoint was written; the last "
-            f"good one is kept: {latest or 'none yet'}. Try a lower "
-            "--config.optimizer.learning_rate, --config.optimizer.clip_norm=1.0, float32 "
-            "or mixed_bfloat16 instead of mixed_float16, or a larger "
-            f"--config.trainer.max_nonfinite_steps (now {self.max_nonfinite_steps}).")

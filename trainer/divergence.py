@@ -1,0 +1,25 @@
+"""The divergence check between compiled chunks: a run whose steps keep being
+non-finite, or whose weights are, stops before anything is saved."""
+
+from trainer.loss_scale import all_finite
+
+
+def check_finite(trainer, step):
+    """Raises FloatingPointError, naming the last good checkpoint and what to try, if
+    `trainer` has diverged."""
+    streak = int(trainer.nonfinite_streak.numpy())
+    weights_finite = bool(all_finite(trainer.model.weights))
+    if streak < trainer.max_nonfinite_steps and weights_finite:
+        return
+    latest = trainer.checkpoints.latest if trainer.is_chief else None
+    what = (f"{streak} consecutive steps had non-finite gradients (skipped, so the "
+            "weights were not changed by them)" if weights_finite
+            else "the weights became non-finite")
+    raise FloatingPointError(
+        f"Training diverged at step {step}: {what}. Mean train loss since the last log: "
+        f"{float(trainer.train_metrics[0].result()):.4g}; loss scale "
+        f"{float(trainer.loss_scale.scale.numpy()):g}. No checkpoint was written; the last "
+        f"good one is kept: {latest or 'none yet'}. Try a lower "
+        "--config.optimizer.learning_rate, --config.optimizer.clip_norm=1.0, float32 "
+        "or mixed_bfloat16 instead of mixed_float16, or a larger "
+        f"--config.trainer.max_nonfinite_steps (now {trainer.max_nonfinite_steps}).")
