@@ -178,7 +178,14 @@ class ByteLMTask(base.Task):
 
     def serving_input(self):
         """Byte ids [batch, length <= seq_len]; the logits predict each next byte."""
-        return tf.TensorSpec([None, None], tf.int32, name="tokens"), lambda tokens: tokens
+        def checked(tokens):
+            length = tf.debugging.assert_less_equal(
+                tf.shape(tokens)[1], self.seq_len,
+                message=f"tokens: at most seq_len={self.seq_len} byte ids per row")
+            with tf.control_dependencies([length]):
+                return tf.identity(tokens)
+
+        return tf.TensorSpec([None, None], tf.int32, name="tokens"), checked
 
     def compute_loss(self, labels, outputs):
         return per_byte_loss(labels, outputs)  # [batch, seq_len]: one loss per byte
@@ -198,10 +205,11 @@ class ByteLMTask(base.Task):
     def sample(self, model, prompt, num_bytes, temperature=1.0, top_k=0, seed=0):
         """Continues `prompt` (bytes) by `num_bytes` sampled bytes; reproducible per seed."""
         window = np.zeros((1, self.seq_len), np.int32)
-
-        @tf.function
-        def next_logits(tokens, position):
-            return model(tokens, training=False)[0, position]
+        if getattr(self, "_sampled_model", None) is not model:  # traced once per model
+            self._sampled_model = model
+            self._next_logits = tf.function(
+                lambda tokens, position: model(tokens, training=False)[0, position])
+        next_logits = self._next_logits
 
         out = list(prompt) or [ord("\n")]
         for i in range(num_bytes):

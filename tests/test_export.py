@@ -98,3 +98,25 @@ def test_a_bad_checkpoint_is_a_clear_error_and_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match="Cannot export checkpoint .*ckpt-7"):
         export(config, task, str(tmp_path))
     assert not (tmp_path / "export").exists()
+
+
+def test_an_export_in_the_training_policy_keeps_its_float32_layers(tmp_path):
+    config = tiny_config(precision="mixed_bfloat16", **{"trainer.train_steps": 2,
+                                                        "trainer.best_metric": ""})
+    config.precision_overrides.float32_layers = (".*conv2d.*",)
+    config.export.compute_dtype = "training"
+    trainer = build(config, tmp_path)
+    trainer.train(evaluate=False)
+    execute(config, str(tmp_path), "export")
+    metadata = json.load(open(tmp_path / "export/2/assets.extra/export.json"))
+    assert metadata["compute_dtype"] == "training"
+    images = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
+    served = tf.saved_model.load(str(tmp_path / "export/2")).signatures["serving_default"](
+        images=tf.constant(images))["logits"].numpy()
+    expected = trainer.model(tasks.cifar10.normalize(images, "unit_range")).numpy()
+    np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-5)  # same dtypes
+    float32 = tiny_config(precision="float32")
+    keras.mixed_precision.set_global_policy("float32")
+    reference = tasks.get_task(float32).build_model()
+    reference.set_weights([w.numpy() for w in trainer.model.weights])
+    assert np.abs(served - reference(tasks.cifar10.normalize(images, "unit_range"))).max() > 0

@@ -104,14 +104,12 @@ def test_the_first_training_batch_is_shown_as_one_grid(run):
     np.testing.assert_allclose(grid[:32, :32], first, atol=1)  # the pixels, not the floats
 
 
-def test_the_profile_covers_exactly_the_asked_steps(run):
-    workdir, _ = run
-    traces = tf.io.gfile.glob(str(workdir / "train/plugins/profile/*/*.xplane.pb"))
-    assert len(traces) == 1
+def profiled_steps(trace):
+    """The first step of each host call of the train loop in the trace."""
     space = xplane_pb2.XSpace()
-    with open(traces[0], "rb") as f:
+    with open(trace, "rb") as f:
         space.ParseFromString(f.read())
-    marked = []  # the first step of each host call of the train loop in the trace
+    marked = []
     for plane in space.planes:
         for line in plane.lines:
             for event in line.events:
@@ -119,8 +117,14 @@ def test_the_profile_covers_exactly_the_asked_steps(run):
                     stats = {plane.stat_metadata[s.metadata_id].name: s.int64_value
                              for s in event.stats}
                     marked.append(stats["step_num"])
+    return sorted(marked)
+
+
+def test_the_profile_covers_exactly_the_asked_steps(run):
+    workdir, _ = run
+    (trace,) = tf.io.gfile.glob(str(workdir / "train/plugins/profile/*/*.xplane.pb"))
     # steps_per_loop=4, so the loop was split at the window: calls for steps 3-4 and 5
-    assert sorted(marked) == [3, 5]
+    assert profiled_steps(trace) == [3, 5]
 
 
 class Terminal(io.StringIO):
@@ -145,3 +149,10 @@ def test_a_progress_bar_on_a_terminal_only(tmp_path, monkeypatch, capsys, tty):
         assert trainer.evaluate() == pytest.approx(results, rel=1e-5)
     else:
         assert "\r" not in shown and "\b" not in shown and "6/6" not in shown
+
+
+def test_a_profile_from_the_first_step(tmp_path):
+    build(tiny_config(**{"trainer.train_steps": 3, "trainer.steps_per_loop": 3,
+                         "trainer.profile_steps": (1, 1)}), tmp_path).train(evaluate=False)
+    (trace,) = tf.io.gfile.glob(str(tmp_path / "train/plugins/profile/*/*.xplane.pb"))
+    assert profiled_steps(trace) == [1]  # the loop was split after step 1

@@ -98,8 +98,9 @@ class LogTrain(Action):
 
 
 class ProgressBar(Action):
-    """A live bar on a terminal (stdout a TTY): step/total, loss, examples/sec, ETA,
-    updated at every loop boundary; Keras' Progbar draws it."""
+    """A live bar on a terminal (stdout a TTY): steps/total, loss, examples/sec, ETA,
+    updated at every loop boundary; Keras' Progbar draws it. It counts this run's
+    steps (a resumed run's bar starts at 0 of the steps left), so its ETA holds."""
 
     on_interrupt, chief_only = True, True
 
@@ -112,8 +113,8 @@ class ProgressBar(Action):
     def __call__(self, controller, step, logs):
         trainer = controller.trainer
         if self.bar is None:
-            self.bar = keras.utils.Progbar(trainer.train_steps, unit_name="step",
-                                           stateful_metrics=["loss", "ex/s"])
+            self.bar = keras.utils.Progbar(trainer.train_steps - controller.start_step,
+                                           unit_name="step", stateful_metrics=["loss", "ex/s"])
         last_step, last_seconds = self._last or (controller.start_step, 0.0)
         values = []
         if step > last_step:
@@ -123,7 +124,8 @@ class ProgressBar(Action):
         self.loss = logs.get("train/loss", self.loss)
         if self.loss is not None:
             values.append(("loss", self.loss))
-        self.bar.update(step, values, finalize=controller.done or None)
+        self.bar.update(step - controller.start_step, values,
+                        finalize=controller.done or controller.interrupted is not None or None)
 
 
 class SaveCheckpoint(Action):
@@ -149,8 +151,10 @@ class Evaluate(Action):
         self.every = every
 
     def __call__(self, controller, step, logs):
-        results = controller.trainer.evaluate(progress=controller.is_chief and
-                                              sys.stdout.isatty())
+        # (per-batch calls on one worker and one compiled pass on the others would not
+        # match their collectives under MultiWorkerMirroredStrategy)
+        results = controller.trainer.evaluate(progress=sys.stdout.isatty() and
+                                              not controller.multi_worker)
         controller.summaries.scalars("eval", results, step)
         logs.update({f"eval/{k}": v for k, v in results.items()})
         controller.last_eval = results

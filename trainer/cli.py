@@ -92,7 +92,8 @@ def run(config, strategy, workdir, mode):
     task = tasks.get_task(config)
     if mode == "export":
         use_float32_layers(tuple(config.precision_overrides.float32_layers))
-        export(config, task, workdir)
+        if is_chief(strategy):  # one writer
+            export(config, task, workdir)
         return
     trainer = Trainer(config, task, strategy, workdir)
     if mode == "continuous_eval":

@@ -21,7 +21,7 @@ from absl import logging
 from trainer import actions as actions_lib
 from trainer.best import BestCheckpoint
 from trainer.divergence import check_finite
-from trainer.export import Export
+from trainer.export import Export, check_export
 from trainer.numerics import NumericsLog
 from trainer.precision import layers_of
 from trainer.profiler import Profile, check_profile_steps
@@ -39,8 +39,10 @@ class Controller:
     (`checkpoint_every`, and whenever the run stops early), Evaluate
     (`eval_every`, if `evaluate`), BestCheckpoint (`best_metric`, with early
     stopping after `early_stop_patience` evaluations without improvement),
-    NumericsLog (`numerics.every`), Export (`export.enabled`, at the end); then
-    the actions of `config.actions`, then `actions`.
+    Samples (input grid, text samples), NumericsLog (`numerics.every`),
+    ProgressBar (stdout a terminal), Export (`export.enabled`, at the end), with
+    Profile (`profile_steps`) first of all; then the actions of `config.actions`,
+    then `actions`.
     """
 
     def __init__(self, trainer, evaluate=True, actions=()):
@@ -75,8 +77,9 @@ class Controller:
             self.actions.append(actions_lib.ProgressBar())
         profile = check_profile_steps(tc.profile_steps, trainer.train_steps)
         if profile:
-            self.actions.append(Profile(*profile, os.path.join(trainer.workdir, "train")))
+            self.actions.insert(0, Profile(*profile, os.path.join(trainer.workdir, "train")))
         if config.export.enabled:
+            check_export(config, trainer.task)  # now, not after training
             self.actions.append(Export())
         self.actions += actions_lib.from_config(config.actions) + list(actions)
         self.max_seconds = tc.max_seconds
@@ -141,6 +144,8 @@ class Controller:
             action.begin(self)
         self._write_start()
         self._agree_on_requests()
+        # From here on, a run ends with summary.json (before: a failure leaves the
+        # previous run's summary as it was).
         with StopOnSignal() as stop:
             try:
                 if self.done:
@@ -157,10 +162,14 @@ class Controller:
                     if self.interrupted:
                         break
             except Exception as error:  # divergence, a failed worker, a bug: still summed up
-                failure = (self._peer_failure(error) if self._multi_worker
+                failure = (self._peer_failure(error) if self.multi_worker
                            and isinstance(error, tf.errors.OpError) else error)
                 self.summaries.flush()
-                write_summary(self, f"{type(failure).__name__}: {str(failure).strip()[:500]}")
+                try:
+                    write_summary(self, f"{type(failure).__name__}: "
+                                        f"{str(failure).strip()[:500]}")
+                except Exception as summary_error:  # noqa: BLE001  (the failure matters more)
+                    logging.error("summary.json not written: %s", summary_error)
                 if failure is error:
                     raise
                 raise failure from error
@@ -242,11 +251,11 @@ class Controller:
             logging.info("Stopping at step %d: %s.", self.step, self.stop_reason)
 
     @property
-    def _multi_worker(self):
+    def multi_worker(self):
         return isinstance(self.trainer.strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
     def _any_workers(self, flags):
-        if not self._multi_worker:
+        if not self.multi_worker:
             return [bool(f) for f in flags]
         counts = self._sum_over_workers(tf.constant([int(bool(f)) for f in flags]))
         return [bool(c) for c in counts.numpy()]

@@ -10,6 +10,7 @@ raw input a client has (the Task's `serving_input`) and returns float32
 """
 
 import json
+import logging as std_logging
 import os
 import uuid
 
@@ -19,6 +20,7 @@ from absl import logging
 from tensorflow.io import gfile
 
 from trainer.actions import Action
+from trainer.best import BestCheckpoint
 from trainer.checkpoints import read_error
 from trainer.optimizers import build_optimizer
 from trainer.precision import check_float32_layers
@@ -45,6 +47,14 @@ def choose_checkpoint(config, workdir):
     return latest
 
 
+def check_export(config, task):
+    """Fails now on an export that could not be written (before a run, not after)."""
+    if config.export.compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"export.compute_dtype={config.export.compute_dtype!r} must be one "
+                         f"of {COMPUTE_DTYPES}.")
+    return task.serving_input()  # NotImplementedError, with its advice, if the task has none
+
+
 def export(config, task, workdir, checkpoint=None, layer_policies=None):
     """Writes the SavedModel of `checkpoint` (default: `choose_checkpoint`) and returns
     its directory. Nothing is written if the checkpoint cannot be read.
@@ -53,10 +63,7 @@ def export(config, task, workdir, checkpoint=None, layer_policies=None):
     `export.compute_dtype="training"` (default: as the config builds them).
     """
     compute_dtype = config.export.compute_dtype
-    if compute_dtype not in COMPUTE_DTYPES:
-        raise ValueError(f"export.compute_dtype={compute_dtype!r} must be one of "
-                         f"{COMPUTE_DTYPES}.")
-    spec, preprocess = task.serving_input()
+    spec, preprocess = check_export(config, task)
     checkpoint = checkpoint or choose_checkpoint(config, workdir)
     model, step = _load(config, task, checkpoint, compute_dtype, layer_policies)
     directory = os.path.join(workdir, "export", str(step))
@@ -83,7 +90,12 @@ def export(config, task, workdir, checkpoint=None, layer_policies=None):
     archive.track(model)
     archive.add_endpoint("serve", serve, input_signature=[spec])  # also serving_default
     temporary = f"{directory}.tmp-{uuid.uuid4().hex[:8]}"  # no half-written export/<step>
+    absl_logger = std_logging.getLogger("absl")
+    level = absl_logger.level
     archive.write_out(temporary, verbose=False)
+    # TensorFlow's SavedModel walk sets absl's verbosity and "restores" it as an explicit
+    # WARNING where it was unset (no parsed flags: Python use, tests): put it back.
+    absl_logger.setLevel(level)
     gfile.makedirs(os.path.join(temporary, os.path.dirname(METADATA)))
     with gfile.GFile(os.path.join(temporary, METADATA), "w") as f:
         f.write(json.dumps(metadata, indent=2))
@@ -128,13 +140,19 @@ def _load(config, task, checkpoint, compute_dtype, layer_policies):
 
 
 class Export(Action):
-    """Exports at the end of training (`export.enabled`): the best checkpoint when the
-    best-checkpoint action is on, else the final one, in the trained model's policies."""
+    """Exports at the end of training (`export.enabled`): `export.checkpoint` if set,
+    else the best checkpoint when this run keeps one, else the final one; in the
+    trained model's policies."""
 
     every, chief_only, kind = 0, True, "checkpoint"
 
     def __call__(self, controller, step, logs):
         trainer = controller.trainer
-        export(trainer.config, trainer.task, trainer.workdir,
+        best = next((a for a in controller.actions
+                     if isinstance(a, BestCheckpoint) and a.record), None)
+        checkpoint = (trainer.config.export.checkpoint
+                      or (best and os.path.join(best.directory, best.record["checkpoint"]))
+                      or trainer.checkpoints.latest)
+        export(trainer.config, trainer.task, trainer.workdir, checkpoint,
                layer_policies=[layer.dtype_policy for layer in
                                trainer.model._flatten_layers(include_self=False)])

@@ -33,7 +33,9 @@ def check_profile_steps(profile_steps, train_steps):
 
 
 class Profile(Action):
-    """Starts the profiler after step first - 1 and stops it after step `last`."""
+    """Starts the profiler after step first - 1 and stops it after step `last`. It runs
+    first among the actions, so the trace ends with step `last`'s compiled call (the
+    actions due at step first - 1, if any, are in it)."""
 
     at_end, on_interrupt, chief_only = False, True, True
 
@@ -42,8 +44,9 @@ class Profile(Action):
         self.active = False
 
     def begin(self, controller):
-        if controller.is_chief and self.first - 1 < controller.step < self.last:
-            self(controller, controller.step, {})  # resumed inside the window
+        if controller.is_chief and self.first - 1 <= controller.step < self.last:
+            # from the start, or resumed inside the window
+            self(controller, controller.step, {})
 
     def boundaries(self):
         return (self.first - 1, self.last)
@@ -53,7 +56,8 @@ class Profile(Action):
             controller.done or controller.interrupted is not None))
 
     def __call__(self, controller, step, logs):
-        if not self.active and self.first - 1 <= step < self.last and not controller.done:
+        if not self.active and self.first - 1 <= step < self.last and not (
+                controller.done or controller.interrupted):
             tf.profiler.experimental.start(self.logdir)
             self.active = True
             logging.info("Profiling steps %d to %d.", step + 1, self.last)

@@ -7,6 +7,7 @@ import math
 
 import tensorflow as tf
 
+from tasks.base import Task
 from trainer.actions import Action
 
 MAX_IMAGES = 64
@@ -27,13 +28,16 @@ def image_grid(images):
 
 class Samples(Action):
     """Writes the input grid when training starts at step 0, a text sample after each
-    evaluation (Task.display_images, Task.eval_sample)."""
+    evaluation (Task.display_images, Task.eval_sample). The grid's batch comes from a
+    fresh train pipeline of the Task (pipeline 0), which by the Task contract yields the
+    same first batch as the one training reads."""
 
     at_end, chief_only, kind = False, True, "eval"
 
     def begin(self, controller):
         trainer = controller.trainer
-        if controller.step or not controller.is_chief:
+        shows_images = type(trainer.task).display_images is not Task.display_images
+        if controller.step or not controller.is_chief or not shows_images:
             return
         context = tf.distribute.InputContext(
             num_replicas_in_sync=trainer.strategy.num_replicas_in_sync)
