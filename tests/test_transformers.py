@@ -130,10 +130,12 @@ def test_sample_mode_prints_requested_bytes_reproducibly(tmp_path):
             "--config.model.mlp_dim=64", "--config.sample.prompt=the ",
             "--config.sample.num_bytes=40", "--config.sample.top_k=5"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    outs = [subprocess.run(args + extra, cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=300) for extra in ([], [], ["--config.sample.seed=1"])]
-    for out in outs:
-        assert out.returncode == 0, out.stderr[-2000:]
+    procs = [subprocess.Popen(args + extra, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for extra in ([], [], ["--config.sample.seed=1"])]  # side by side: quicker
+    outs = [subprocess.CompletedProcess(p.args, 0, *p.communicate(timeout=300)) for p in procs]
+    for proc, out in zip(procs, outs):
+        assert proc.returncode == 0, out.stderr[-2000:]
     first = outs[0].stdout.rstrip("\n")
     assert first.startswith("the ")
     assert len(first.encode("utf-8", errors="replace")) >= 4 + 40 or "\ufffd" in first
