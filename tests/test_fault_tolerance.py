@@ -8,12 +8,14 @@ import socket
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tasks
 from conftest import build, checkpoint_steps, tiny_config
+from trainer import Trainer
 from trainer.checkpoints import IncompatibleCheckpointError
 from trainer.workdir import WorkdirLock, check_workdir
 
@@ -220,3 +222,33 @@ def test_a_float32_checkpoint_resumed_in_float16_starts_the_loss_scale_afresh(tm
     assert float(fp16.loss_scale.scale.numpy()) == 2.0**15  # not the float32 run's 1
     assert any("Loss scale starts at 32768" in r.getMessage() and "without float16 loss "
                "scaling" in r.getMessage() for r in caplog.records)
+
+
+class BlocksInAList(keras.Model):
+    """Keras 3 does not make layers held in a list checkpoint children of the model."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = [keras.layers.BatchNormalization() for _ in range(2)]
+        self.head = keras.layers.Dense(2)
+
+    def call(self, x, training=False):
+        for block in self.blocks:
+            x = block(x, training=training)
+        return self.head(x)
+
+
+def test_model_state_a_checkpoint_would_lose_is_refused(tmp_path):
+    from test_precision import TwoHeads
+
+    class Task(TwoHeads):
+        def build_model(self):
+            model = BlocksInAList()
+            model(tf.zeros((1, 8)))
+            return model
+
+    config = tiny_config()
+    with pytest.raises(ValueError, match=r"4 model variables would not be in the checkpoints: "
+                                         r".*batch_normalization/moving_mean.*attribute"):
+        Trainer(config, Task(config, 1.0), tf.distribute.get_strategy(), str(tmp_path))
+    assert not list(tmp_path.iterdir())

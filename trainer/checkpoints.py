@@ -111,3 +111,23 @@ def _first_line(error, limit):
     lines = str(error).strip().splitlines()
     line = (lines[0] if lines else "")[:limit].rstrip(".")
     return f"{type(error).__name__}: {line}."
+
+
+def check_model_state_is_saved(model, ignore=()):
+    """Fails on model variables outside the trainable ones that a checkpoint of the model
+    would not hold: Keras 3 layers kept in a Python list (or dict) are no checkpoint
+    children of the model (their trainable variables are still saved, through the
+    optimizer's list), so their state, such as BatchNormalization's moving statistics,
+    would be silently lost on resume. `ignore`: variables the Trainer sets itself."""
+    saved = {id(obj) for obj in tf.train.TrackableView(model).descendants()}
+    skipped = {id(v) for v in ignore}
+    lost = [v.path for v in model.non_trainable_variables
+            if id(v) not in saved and id(v) not in skipped]
+    if lost:
+        raise ValueError(
+            f"{len(lost)} model variables would not be in the checkpoints: "
+            f"{', '.join(lost[:5])}{' ...' if len(lost) > 5 else ''}. Their layers are held "
+            "in a Python list or dict, which Keras 3 does not make checkpoint children of "
+            "the model. Give each such layer an attribute of its own (self.block_0 = ...) "
+            "or build the model with the functional API.")
+

@@ -13,7 +13,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer.checkpoints import Checkpoints
+from trainer.checkpoints import Checkpoints, check_model_state_is_saved
 from trainer.actions import format_metrics
 from trainer.controller import Controller, check_trainer_config
 from trainer.distribute import is_chief
@@ -105,6 +105,7 @@ class Trainer:
                             if v.path.endswith(SEED_STATE_NAME)]
         self.state_variables = [v for v in self.model.non_trainable_variables
                                 if tf.as_dtype(v.dtype).is_floating]
+        check_model_state_is_saved(self.model, ignore=self.seed_states)
         self.max_nonfinite_steps = int(config.trainer.max_nonfinite_steps or (
             100 if self.loss_scale.enabled else 1))
         self.is_chief = is_chief(strategy)
