@@ -108,3 +108,9 @@ class BestCheckpoint(Action):
             name = os.path.basename(path.rstrip("/"))
             if pattern.match(name) and not name.startswith(f"{keep}.") and name != keep:
                 yield path
+
+
+def checkpoint_path(directory, record):
+    """The best checkpoint's path: best.json names it relative to `directory`."""
+    return os.path.join(directory, record["checkpoint"])
+

@@ -20,6 +20,7 @@ from absl import logging
 from tensorflow.io import gfile
 
 from trainer.actions import Action
+from trainer import best as best_lib
 from trainer.best import BestCheckpoint
 from trainer.checkpoints import read_error
 from trainer.optimizers import build_optimizer
@@ -37,8 +38,8 @@ def choose_checkpoint(config, workdir):
         return config.export.checkpoint
     if config.trainer.best_metric:
         best = read_json(os.path.join(workdir, "best", "best.json"), "the best checkpoint")
-        if best:  # (its name is relative to best/)
-            return os.path.join(workdir, "best", best["checkpoint"])
+        if best:
+            return best_lib.checkpoint_path(os.path.join(workdir, "best"), best)
     latest = tf.train.latest_checkpoint(os.path.join(workdir, "checkpoints"))
     if not latest:
         raise FileNotFoundError(
@@ -151,7 +152,7 @@ class Export(Action):
         best = next((a for a in controller.actions
                      if isinstance(a, BestCheckpoint) and a.record), None)
         checkpoint = (trainer.config.export.checkpoint
-                      or (best and os.path.join(best.directory, best.record["checkpoint"]))
+                      or (best and best_lib.checkpoint_path(best.directory, best.record))
                       or trainer.checkpoints.latest)
         export(trainer.config, trainer.task, trainer.workdir, checkpoint,
                layer_policies=[layer.dtype_policy for layer in

@@ -3,6 +3,7 @@
 
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import time
@@ -41,8 +42,9 @@ def run_summary(controller, stopped):
         "replicas": trainer.strategy.num_replicas_in_sync,
         "global_batch_size": trainer.global_batch_size,
         "data": trainer.task.describe_data(),
-        "parameters": {"trainable": int(sum(v.numpy().size for v in model.trainable_weights)),
-                       "total": int(sum(v.numpy().size for v in model.weights))},
+        # counted from the shapes: no copy of the weights to the host
+        "parameters": {"trainable": sum(math.prod(v.shape) for v in model.trainable_weights),
+                       "total": model.count_params()},
         "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,
                      "keras": keras.__version__, "tftrainer": _version("tftrainer")},
     }
