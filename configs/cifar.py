@@ -43,6 +43,7 @@ def get_config():
         schedule="constant",       # constant | cosine (linear warmup, then cosine to 0)
         warmup_steps=0,
         clip_norm=0.0,             # > 0: clip by the global norm of the reduced gradients
+        ema_decay=0.0,             # > 0 (e.g. 0.999): keep an EMA of the weights (eval.use_ema)
         weight_decay=1e-4,         # adamw only
         momentum=0.9, nesterov=True))  # sgd only
 
@@ -60,6 +61,11 @@ def get_config():
     c.trainer = ml_collections.ConfigDict(dict(
         train_steps=10 * TRAIN_EXAMPLES // 512,  # about 10 epochs
         steps_per_loop=50,
+        # k > 1: each optimizer step averages the gradients of k micro-batches of
+        # data.global_batch_size (an effective batch of k times it); steps count
+        # optimizer steps.
+        accumulation_steps=1,
+        per_step_summaries=True,   # every step's loss, lr, loss scale, grad norm in train/
         eval_every=500,
         checkpoint_every=500,
         max_to_keep=3,
@@ -75,8 +81,10 @@ def get_config():
         max_seconds=0.0,           # > 0: stop with a checkpoint after this long (0: no limit)
         profile_steps=()))         # (first, last): a profiler trace of those steps, in train/
 
-    # --mode=continuous_eval: exit after this long without a new checkpoint.
-    c.eval = ml_collections.ConfigDict(dict(timeout_seconds=3600))
+    # timeout_seconds: --mode=continuous_eval exits after this long without a new checkpoint.
+    # use_ema: with optimizer.ema_decay > 0, evaluation, the best checkpoint and export use
+    # the EMA weights (training goes on with the raw ones).
+    c.eval = ml_collections.ConfigDict(dict(timeout_seconds=3600, use_ema=True))
 
     # Your own actions at loop boundaries, by name: dict(action="my_actions.PrintLoss",
     # every=100, **keyword arguments of the class or function). See BUILD.md.

@@ -24,18 +24,20 @@ def get_config():
         global_batch_size=32))
     c.optimizer = ml_collections.ConfigDict(dict(
         name="adamw", learning_rate=2e-3, schedule="cosine", warmup_steps=200,
-        clip_norm=1.0, weight_decay=0.1, momentum=0.9, nesterov=True))
+        clip_norm=1.0, weight_decay=0.1, momentum=0.9, nesterov=True,
+        ema_decay=0.0))  # see cifar.py
     c.loss_scale = ml_collections.ConfigDict(dict(
         dynamic=True, initial_scale=2.0**15, growth_steps=2000))
     c.distribution = ml_collections.ConfigDict(dict(
         strategy="auto", tpu="", collective_timeout_seconds=600))
     c.trainer = ml_collections.ConfigDict(dict(
         train_steps=3500, steps_per_loop=100, eval_every=500, checkpoint_every=500,
+        accumulation_steps=1, per_step_summaries=True,  # see cifar.py
         max_to_keep=3, log_every=100, jit_compile=False, deterministic=False,
         max_nonfinite_steps=0,  # 0: 100 with float16 loss scaling, else 1
         best_metric="eval/loss", best_mode="min", early_stop_patience=0, max_seconds=0.0,
         profile_steps=()))
-    c.eval = ml_collections.ConfigDict(dict(timeout_seconds=3600))
+    c.eval = ml_collections.ConfigDict(dict(timeout_seconds=3600, use_ema=True))  # see cifar.py
     c.actions = ml_collections.ConfigDict()  # see configs/cifar.py
     c.sample = ml_collections.ConfigDict(dict(
         prompt="import ", num_bytes=256, temperature=0.8, top_k=40, seed=0,

@@ -82,13 +82,15 @@ class LogTrain(Action):
         self._last = (step, controller.train_seconds)
         results = trainer.train_results()
         steps_per_sec = (step - last_step) / max(seconds, 1e-9)
-        examples_per_sec = steps_per_sec * trainer.global_batch_size
+        examples_per_sec = steps_per_sec * trainer.examples_per_step
         scalars = dict(results, steps_per_sec=steps_per_sec, examples_per_sec=examples_per_sec)
         tokens = ""
         if trainer.task.tokens_per_example:
             scalars["tokens_per_sec"] = examples_per_sec * trainer.task.tokens_per_example
             tokens = f", {scalars['tokens_per_sec']:.0f} tokens/s"
-        controller.summaries.scalars("train", scalars, step)
+        controller.summaries.scalars("train", {  # the others went out at every step
+            k: v for k, v in scalars.items()
+            if not (trainer.per_step_summaries and k in trainer.PER_STEP_SCALARS)}, step)
         logs.update({f"train/{k}": v for k, v in scalars.items()})
         metrics = {m.name: results[m.name] for m in trainer.train_metrics}
         eta = (trainer.train_steps - step) / max(steps_per_sec, 1e-9)
@@ -119,7 +121,7 @@ class ProgressBar(Action):
         values = []
         if step > last_step:
             seconds = max(controller.train_seconds - last_seconds, 1e-9)
-            values.append(("ex/s", (step - last_step) * trainer.global_batch_size / seconds))
+            values.append(("ex/s", (step - last_step) * trainer.examples_per_step / seconds))
         self._last = (step, controller.train_seconds)
         self.loss = logs.get("train/loss", self.loss)
         if self.loss is not None:

@@ -200,10 +200,14 @@ class Controller:
                         + [self.trainer.train_steps - self.step])
         start = time.monotonic()
         # A profiler step for TensorBoard's Profile tab (a no-op unless profiling).
-        with tf.profiler.experimental.Trace("train", step_num=self.step + 1, _r=1):
-            self.trainer.train_loop(iterator, tf.constant(num_steps, tf.int64))
+        first_step = self.step + 1
+        with tf.profiler.experimental.Trace("train", step_num=first_step, _r=1):
+            per_step = self.trainer.train_loop(iterator, tf.constant(num_steps, tf.int64))
             self.step = int(self.trainer.step.numpy())  # waits for the loop to finish
         self.seconds["train"] += time.monotonic() - start
+        if per_step is not None:
+            self.summaries.per_step("train", self.trainer.PER_STEP_SCALARS, per_step,
+                                    first_step)
         check_finite(self.trainer, self.step)
 
     def _interruption(self, stop):

@@ -2,6 +2,8 @@
 
 import keras
 
+from trainer.ema import check_ema_decay
+
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
 # The one private Keras hook the Trainer touches (see `disable_keras_all_reduce`).
@@ -43,14 +45,17 @@ def build_optimizer(config, train_steps, step=None):
 
     Clipping is not set here: the Trainer clips by the global norm of the
     reduced gradients (Keras' clipnorm would clip each replica's local
-    gradients)."""
+    gradients). `ema_decay` > 0 turns on Keras' EMA of the weights."""
     lr = build_learning_rate(config, train_steps, step)
+    ema_decay = check_ema_decay(config.get("ema_decay", 0.0))
+    ema = dict(use_ema=True, ema_momentum=ema_decay) if ema_decay else {}  # see trainer/ema.py
     if config.name == "adam":
-        return keras.optimizers.Adam(lr)
+        return keras.optimizers.Adam(lr, **ema)
     if config.name == "adamw":
-        return keras.optimizers.AdamW(lr, weight_decay=config.weight_decay)
+        return keras.optimizers.AdamW(lr, weight_decay=config.weight_decay, **ema)
     if config.name == "sgd":
-        return keras.optimizers.SGD(lr, momentum=config.momentum, nesterov=config.nesterov)
+        return keras.optimizers.SGD(lr, momentum=config.momentum, nesterov=config.nesterov,
+                                    **ema)
     raise ValueError(f"config.optimizer.name={config.name!r} is unknown; "
                      f"choose one of {OPTIMIZERS}.")
 

@@ -32,7 +32,7 @@ def run_summary(controller, stopped):
         "train_steps": trainer.train_steps,
         "steps_this_run": steps_this_run,
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
-        "examples_per_sec": round(steps_this_run * trainer.global_batch_size
+        "examples_per_sec": round(steps_this_run * trainer.examples_per_step
                                   / max(seconds["train"], 1e-9), 1),
         "train": controller.last_train,
         "eval": controller.last_eval,
@@ -41,6 +41,7 @@ def run_summary(controller, stopped):
         "strategy": type(trainer.strategy).__name__,
         "replicas": trainer.strategy.num_replicas_in_sync,
         "global_batch_size": trainer.global_batch_size,
+        "accumulation_steps": trainer.accumulation_steps,
         "data": trainer.task.describe_data(),
         # counted from the shapes: no copy of the weights to the host
         "parameters": {"trainable": sum(math.prod(v.shape) for v in model.trainable_weights),

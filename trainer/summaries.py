@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 from tensorboard.plugins.histogram import metadata as histogram_metadata
+from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 
 class Summaries:
@@ -29,6 +30,17 @@ class Summaries:
         with writer.as_default(step=tf.convert_to_tensor(step, tf.int64)):
             for name, value in scalars.items():
                 tf.summary.scalar(name, value)
+        writer.flush()
+
+    def per_step(self, run, names, values, first_step):
+        """Writes row i of `values` [steps, len(names)] at step `first_step + i`, in one
+        compiled call (a Python loop of scalar writes would cost more than the steps)."""
+        if not self.is_chief or not len(values):
+            return
+        writer = self._writer(run)
+        with writer.as_default():
+            _write_rows(tf.convert_to_tensor(values, tf.float32),
+                        tf.constant(first_step, tf.int64), tuple(names))
         writer.flush()
 
     def histograms(self, run, histograms, step):
@@ -76,3 +88,11 @@ class Summaries:
     def flush(self):
         for writer in self._writers.values():
             writer.flush()
+
+
+@tf.function
+def _write_rows(values, first_step, names):
+    for i in tf.range(tf.shape(values, out_type=tf.int64)[0]):
+        for j, name in enumerate(names):  # write: scalar() would prefix the loop's scope
+            tf.summary.write(name, values[i, j], step=first_step + i,
+                             metadata=scalar_metadata.create_summary_metadata(name, ""))

@@ -13,12 +13,14 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from trainer.accumulation import accumulate, batch_micro_steps, check_accumulation_steps
 from trainer.checkpoints import Checkpoints, check_model_state_is_saved
 from trainer.actions import format_metrics
 from trainer.controller import Controller, check_trainer_config
 from trainer.distribute import is_chief
+from trainer.ema import EmaWeights
 from trainer.loss_scale import LossScale, all_finite
-from trainer.optimizers import build_optimizer, disable_keras_all_reduce
+from trainer.optimizers import build_learning_rate, build_optimizer, disable_keras_all_reduce
 from trainer.numerics import Telemetry
 from trainer.precision import (advise_shapes, check_float32_layers, layers_of, policy_name,
                                use_float32_layers)
@@ -48,6 +50,9 @@ class Trainer:
     under `strategy.scope()`.
     """
 
+    # With trainer.per_step_summaries, what `train_loop` returns for every step.
+    PER_STEP_SCALARS = ("loss", "learning_rate", "loss_scale", "grad_norm")
+
     def __init__(self, config, task, strategy, workdir):
         self.config = config
         self.task = task
@@ -62,6 +67,11 @@ class Trainer:
                 f"multiple of the {replicas} replicas; set --config.data.global_batch_size "
                 f"to a multiple of {replicas}.")
         check_trainer_config(config.trainer)
+        # An optimizer step reads `accumulation_steps` micro-batches of global_batch_size.
+        self.accumulation_steps = check_accumulation_steps(
+            config.trainer.get("accumulation_steps", 1))
+        self.examples_per_step = self.global_batch_size * self.accumulation_steps
+        self.per_step_summaries = bool(config.trainer.get("per_step_summaries", False))
         self.clip_norm = config.optimizer.clip_norm
         if config.trainer.deterministic:
             # With the step-derived input order of the tasks, this makes a resumed
@@ -78,6 +88,10 @@ class Trainer:
                 build_optimizer(config.optimizer, self.train_steps, self.step))
             # Slots are created lazily; build them now so a restore fills them.
             self.optimizer.build(self.model.trainable_variables)
+            # Evaluation (and so the best checkpoint) sees the EMA weights, if any.
+            self.ema = (EmaWeights(self.model, self.optimizer)
+                        if config.optimizer.get("ema_decay") and config.eval.get("use_ema", True)
+                        else None)
             self.loss_scale = LossScale(
                 enabled=self.policy == "mixed_float16",
                 dynamic=config.loss_scale.dynamic,
@@ -125,7 +139,7 @@ class Trainer:
     # ----------------------------------------------------------------- steps
 
     def _forward_backward(self, features, labels, record_activations):
-        """Forward and backward pass on one replica's batch (XLA with jit_compile)."""
+        """Forward and backward pass on one replica's micro-batch (XLA with jit_compile)."""
         capture = (self.telemetry.activations.capture() if self.telemetry
                    else contextlib.nullcontext())
         with tf.GradientTape() as tape:
@@ -135,32 +149,47 @@ class Trainer:
             if per_example_loss.shape.rank > 1:  # per-token losses: average each example's
                 per_example_loss = tf.reduce_mean(
                     per_example_loss, axis=list(range(1, per_example_loss.shape.rank)))
-            # Average over the *global* batch: the all-reduce SUM makes it the mean.
-            loss = tf.nn.compute_average_loss(per_example_loss,
-                                              global_batch_size=self.global_batch_size)
-            if self.model.losses:
-                loss += tf.nn.scale_regularization_loss(
-                    tf.add_n([tf.cast(l, tf.float32) for l in self.model.losses]))
+            # Average over the examples of the whole optimizer step (every replica, every
+            # micro-batch): the sums of the accumulation and of the all-reduce make the mean.
+            loss = tf.nn.compute_average_loss(
+                per_example_loss, global_batch_size=self.examples_per_step)
+            if self.model.losses:  # counted once per optimizer step
+                loss += tf.nn.scale_regularization_loss(tf.add_n(
+                    [tf.cast(l, tf.float32) for l in self.model.losses])) / self.accumulation_steps
             scaled_loss = self.loss_scale.get_scaled_loss(loss)
         grads = tape.gradient(scaled_loss, self.model.trainable_variables)
+        # Sparse gradients (embedding lookups) become dense float32: all_reduce would
+        # concatenate IndexedSlices instead of summing them, and the global norm of a
+        # concatenation with duplicate indices is not the norm of the sum.
+        grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
         activations = (self.telemetry.activations.statistics(layer_outputs, record_activations)
-                       if self.telemetry else None)
+                       if self.telemetry else tf.zeros([0]))
         return outputs, loss, grads, activations
 
+    def _micro_batch(self, features, labels, micro_step, record):
+        """One micro-batch on this replica: its loss share, local scaled gradients and
+        activation statistics; updates the train metrics (but the loss)."""
+        self._reseed(self.step * self.accumulation_steps + tf.cast(micro_step, tf.int64))
+        outputs, loss, grads, activations = self._compute_gradients(features, labels, record)
+        self.task.update_metrics(self.train_metrics[1:], labels, outputs)
+        return loss, grads, activations
+
     def train_step(self, features, labels):
-        """One training step on one replica (run under `strategy.run`)."""
+        """One optimizer step on one replica (run under `strategy.run`); returns the
+        step's global loss and gradient norm, the same on every replica."""
         replica = tf.distribute.get_replica_context()
-        self._reseed(replica.replica_id_in_sync_group)
         state_before = [tf.identity(v.value) for v in self.state_variables]
-        record = self.telemetry.due(self.step + 1) if self.telemetry else None
-        outputs, loss, scaled_grads, activations = self._compute_gradients(
-            features, labels, record)
-        # Sparse gradients (embedding lookups) become dense: all_reduce would
-        # concatenate IndexedSlices instead of summing them, and the global norm
-        # of a concatenation with duplicate indices is not the norm of the sum.
-        scaled_grads = [tf.convert_to_tensor(g) for g in scaled_grads]
-        # The step's one gradient all-reduce.
-        scaled_grads = replica.all_reduce(tf.distribute.ReduceOp.SUM, scaled_grads)
+        record = self.telemetry.due(self.step + 1) if self.telemetry else tf.constant(False)
+        if self.accumulation_steps == 1:
+            loss, scaled_grads, activations = self._micro_batch(features, labels, 0, record)
+        else:  # features are [accumulation_steps, micro-batch, ...]: no all-reduce in there
+            zeros = (tf.zeros([]), [tf.zeros(v.shape) for v in self.model.trainable_variables],
+                     tf.zeros([len(self.telemetry.activations.paths), 3] if self.telemetry else [0]))
+            loss, scaled_grads, activations = accumulate(
+                self._micro_batch, features, labels, self.accumulation_steps, record, zeros)
+        # The step's one all-reduce: the gradients, and the loss along with them.
+        *scaled_grads, loss = replica.all_reduce(tf.distribute.ReduceOp.SUM,
+                                                 scaled_grads + [loss])
         # The state the forward pass updated on each replica from its own examples
         # (BN statistics) is averaged, so every replica keeps the same values.
         state_mean = replica.all_reduce(
@@ -180,26 +209,26 @@ class Trainer:
             grads, finite,
             (unclipped, scaled_grads, activations[tf.newaxis]) if self.telemetry else None))
 
-        # `loss` is this replica's share of the global mean: the Mean over replicas of
-        # share * replicas is the global mean.
-        self.train_metrics[0].update_state(
-            loss * tf.cast(replica.num_replicas_in_sync, tf.float32))
-        self.task.update_metrics(self.train_metrics[1:], labels, outputs)
+        # The Mean over replicas of the (equal) global loss is the global loss.
+        self.train_metrics[0].update_state(loss)
         # A skipped step has weight 0; its norm (inf or NaN) is replaced, as inf*0 is NaN.
         self.grad_norm.update_state(tf.where(finite, grad_norm, 0.0),
                                     sample_weight=tf.cast(finite, tf.float32))
+        return loss, grad_norm
 
-    def _reseed(self, replica_id):
-        """Sets every dropout SeedGenerator from (config.seed, step, replica).
+    def _reseed(self, micro_batch):
+        """Sets every dropout SeedGenerator from (config.seed, micro-batch, replica).
 
-        Random masks are then a function of the step, like the input order: a
-        resumed run draws exactly what an uninterrupted one would (no RNG state
-        to checkpoint), and replicas draw distinct masks.
+        Random masks are then a function of the micro-batch's place in the input
+        stream, like its examples: a resumed run draws exactly what an
+        uninterrupted one would (no RNG state to checkpoint), and replicas and
+        micro-batches draw distinct masks.
         """
+        replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
         for i, state in enumerate(self.seed_states):
             seed = tf.constant([self.config.seed, i], tf.int64)
             seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(replica_id, tf.int64))
-            seed = tf.random.experimental.stateless_fold_in(seed, self.step.read_value())
+            seed = tf.random.experimental.stateless_fold_in(seed, micro_batch)
             state.assign(tf.cast(seed, state.dtype))
 
     def _apply_if_finite(self, strategy, grads, finite, telemetry_args):
@@ -232,12 +261,24 @@ class Trainer:
 
     def _train_loop_fn(self, iterator, num_steps):
         """`num_steps` train steps in one compiled call (a graph while-loop); stops
-        early once `max_nonfinite_steps` steps in a row were non-finite."""
-        for _ in tf.range(num_steps):
+        early once `max_nonfinite_steps` steps in a row were non-finite.
+
+        With `trainer.per_step_summaries`, returns [steps run, 4]: each step's
+        `PER_STEP_SCALARS`, for `Summaries.per_step`.
+        """
+        records = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
+        for i in tf.range(num_steps):
             if self.nonfinite_streak >= self.max_nonfinite_steps:
                 break
             features, labels = next(iterator)
-            self.strategy.run(self.train_step, args=(features, labels))
+            learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)  # this step's
+            loss_scale = tf.identity(self.loss_scale.scale)
+            loss, grad_norm = self.strategy.run(self.train_step, args=(features, labels))
+            if self.per_step_summaries:
+                first = self.strategy.experimental_local_results  # equal on every replica
+                records = records.write(tf.cast(i, tf.int32), tf.stack(
+                    [first(loss)[0], learning_rate, loss_scale, first(grad_norm)[0]]))
+        return records.stack() if self.per_step_summaries else None
 
     def eval_step(self, features, labels):
         """Updates the eval metrics with one replica's batch (which may be empty)."""
@@ -259,10 +300,15 @@ class Trainer:
         return Controller(self, evaluate=evaluate, actions=actions).train()
 
     def distributed_dataset(self, split):
-        """Per-replica batches; train starts at the current (restored) step."""
-        start_step = int(self.step.numpy()) if split == "train" else 0
+        """Per-replica batches; train starts at the current (restored) step, in
+        micro-batches of the input stream, grouped by optimizer step."""
+        if split != "train":
+            return self.strategy.distribute_datasets_from_function(
+                lambda ctx: self.task.build_inputs(split, ctx, 0))
+        start = int(self.step.numpy()) * self.accumulation_steps
         return self.strategy.distribute_datasets_from_function(
-            lambda ctx: self.task.build_inputs(split, ctx, start_step))
+            lambda ctx: batch_micro_steps(self.task.build_inputs(split, ctx, start),
+                                          self.accumulation_steps))
 
     def restore(self, path=None):
         """Restores checkpoint `path`, or the newest readable one of the workdir; returns
@@ -284,6 +330,14 @@ class Trainer:
             m.reset_state()
         if self._eval_dataset is None:
             self._eval_dataset = self.distributed_dataset("eval")
+        with self.ema.swapped_in() if self.ema else contextlib.nullcontext():
+            self._evaluate_pass(progress)
+        results = {m.name: float(m.result()) for m in self.eval_metrics}
+        logging.info("eval @ step %d%s: %s", int(self.step.numpy()),
+                     " (EMA weights)" if self.ema else "", format_metrics(results))
+        return results
+
+    def _evaluate_pass(self, progress):
         if progress:
             bar = keras.utils.Progbar(None, unit_name="eval batch")
             batches = 0
@@ -294,16 +348,17 @@ class Trainer:
             bar.update(batches, finalize=True)
         else:
             self.eval_loop(self._eval_dataset)
-        results = {m.name: float(m.result()) for m in self.eval_metrics}
-        logging.info("eval @ step %d: %s", int(self.step.numpy()), format_metrics(results))
-        return results
 
     def train_results(self):
         """The train metrics since the last call, with the optimizer's and loss scale's
         state; resets the metrics."""
         results = {m.name: float(m.result()) for m in self.train_metrics}
+        schedule = build_learning_rate(self.config.optimizer, self.train_steps)
+        last_step = max(int(self.step.numpy()) - 1, 0)
         results.update(
-            learning_rate=float(tf.convert_to_tensor(self.optimizer.learning_rate)),
+            # the rate the last step used, as per-step summaries write it (the optimizer's
+            # `learning_rate` is the next step's)
+            learning_rate=float(schedule(last_step) if callable(schedule) else schedule),
             loss_scale=float(self.loss_scale.scale.numpy()),
             grad_norm=float(self.grad_norm.result()),
             skipped_steps=float(self.loss_scale.skipped_steps.numpy()))

@@ -1,0 +1,57 @@
+"""EMA weights: Keras' optimizer EMA (`use_ema`), swapped into the model to evaluate.
+
+The average is Keras' own: float32 optimizer variables (so checkpointed with
+the optimizer), updated inside `optimizer.apply`, i.e. on applied steps only
+(a skipped step applies nothing), with the same reduced gradients on every
+replica. `average = decay * average + (1 - decay) * weights` after each
+applied update; Keras sets the average to the weights at the first one.
+"""
+
+import contextlib
+
+import tensorflow as tf
+
+# Keras keeps the averages in this private list, one per trainable variable, and
+# has no public way to read them without overwriting the model's weights.
+AVERAGES = "_model_variables_moving_average"
+
+
+def check_ema_decay(decay):
+    if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0 <= decay < 1:
+        raise ValueError(f"optimizer.ema_decay={decay!r} must be a number in [0, 1) "
+                         "(0: no EMA; 0.999 averages over about the last 1000 steps).")
+    return float(decay)
+
+
+class EmaWeights:
+    """Swaps the EMA of the trainable weights with the weights themselves, and back.
+
+    A swap is exact (values are moved, not recomputed), so training resumes on
+    bitwise the raw weights; it happens between steps, never inside a save.
+    """
+
+    def __init__(self, model, optimizer):
+        averages = getattr(optimizer, AVERAGES, None)
+        if averages is None or len(averages) != len(model.trainable_variables):
+            raise RuntimeError(
+                f"{type(optimizer).__name__} (Keras {__import__('keras').__version__}) holds "
+                f"no {AVERAGES} for the model's {len(model.trainable_variables)} trainable "
+                "variables: this Keras changed where it keeps the EMA. Install the Keras "
+                "version pinned in pyproject.toml, or set --config.optimizer.ema_decay=0.")
+        self.variables, self.averages = model.trainable_variables, averages
+        self._swap = tf.function(self._swap_values)
+
+    def _swap_values(self):
+        for variable, average in zip(self.variables, self.averages):
+            weights = tf.identity(variable.value)
+            variable.assign(average.value)
+            average.assign(weights)
+
+    @contextlib.contextmanager
+    def swapped_in(self):
+        """The model holds the EMA weights inside the block, its own weights after."""
+        self._swap()
+        try:
+            yield
+        finally:
+            self._swap()
