@@ -66,9 +66,10 @@ def export(config, task, workdir, checkpoint=None, layer_policies=None):
     compute_dtype = config.export.compute_dtype
     spec, preprocess = check_export(config, task)
     checkpoint = checkpoint or choose_checkpoint(config, workdir)
-    model, step = _load(config, task, checkpoint, compute_dtype, layer_policies)
+    model, step, weights = _load(config, task, checkpoint, compute_dtype, layer_policies)
     directory = os.path.join(workdir, "export", str(step))
-    metadata = {"step": step, "checkpoint": checkpoint, "compute_dtype": compute_dtype,
+    metadata = {"step": step, "checkpoint": checkpoint, "weights": weights,
+                "compute_dtype": compute_dtype,
                 "training_precision": config.precision, "task": config.task.name,
                 "input": {"name": spec.name, "dtype": spec.dtype.name,
                           "shape": spec.shape.as_list()},
@@ -107,7 +108,8 @@ def export(config, task, workdir, checkpoint=None, layer_policies=None):
 
 
 def _load(config, task, checkpoint, compute_dtype, layer_policies):
-    """A fresh model with `checkpoint`'s weights, computing in `compute_dtype`."""
+    """A fresh model with `checkpoint`'s weights (its EMA ones with optimizer.ema_decay
+    and eval.use_ema), computing in `compute_dtype`; with the step and "ema" or "raw"."""
     previous = keras.mixed_precision.global_policy()
     try:
         if compute_dtype == "float32":
@@ -137,7 +139,10 @@ def _load(config, task, checkpoint, compute_dtype, layer_policies):
             "readable checkpoint "
             "of this config with --config.export.checkpoint=PATH/ckpt-N; nothing was "
             "written.") from e
-    return model, int(step.numpy())
+    use_ema = bool(config.optimizer.get("ema_decay")) and config.eval.get("use_ema", True)
+    if use_ema:
+        optimizer.finalize_variable_values(model.trainable_variables)  # Keras: EMA -> model
+    return model, int(step.numpy()), "ema" if use_ema else "raw"
 
 
 class Export(Action):

@@ -50,6 +50,8 @@ class Samples(Action):
         return "eval/loss" in logs
 
     def __call__(self, controller, step, logs):
-        text = controller.trainer.task.eval_sample(controller.trainer.model)
+        trainer = controller.trainer
+        with trainer.eval_weights():  # the weights the eval just scored
+            text = trainer.task.eval_sample(trainer.model)
         if text is not None:
             controller.summaries.text("eval", "sample", "```\n" + text + "\n```", step)

@@ -330,12 +330,17 @@ class Trainer:
             m.reset_state()
         if self._eval_dataset is None:
             self._eval_dataset = self.distributed_dataset("eval")
-        with self.ema.swapped_in() if self.ema else contextlib.nullcontext():
+        with self.eval_weights():
             self._evaluate_pass(progress)
         results = {m.name: float(m.result()) for m in self.eval_metrics}
         logging.info("eval @ step %d%s: %s", int(self.step.numpy()),
                      " (EMA weights)" if self.ema else "", format_metrics(results))
         return results
+
+    def eval_weights(self):
+        """A context in which the model holds the weights to evaluate: the EMA ones
+        with `optimizer.ema_decay` and `eval.use_ema`, else its own."""
+        return self.ema.swapped_in() if self.ema else contextlib.nullcontext()
 
     def _evaluate_pass(self, progress):
         if progress:
