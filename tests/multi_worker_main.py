@@ -1,6 +1,7 @@
 """One worker of the multi-worker tests: trains a tiny CIFAR run, dumps its weights.
 
-Usage (TF_CONFIG set by the test): python multi_worker_main.py WORKDIR OUT.npz STEPS [STOP_AT]
+Usage (TF_CONFIG set by the test):
+    python multi_worker_main.py WORKDIR OUT.npz STEPS [STOP_AT [ACCUMULATION_STEPS]]
 """
 
 import os
@@ -38,8 +39,8 @@ class StopOnChief(Action):
         controller.request_stop(f"asked on the chief at step {step}")
 
 
-def main(workdir, out, steps, stop_at=None):
-    logging.set_verbosity(logging.INFO)
+def worker_config(steps, accumulation_steps=1):
+    """A tiny CIFAR run; with accumulation, an EMA too and the same 32 examples a step."""
     c = cifar.get_config()
     c.precision = "float32"
     c.distribution.strategy = "multi_worker"
@@ -48,6 +49,16 @@ def main(workdir, out, steps, stop_at=None):
                   global_batch_size=32)
     c.trainer.update(train_steps=int(steps), steps_per_loop=5, log_every=5, eval_every=10,
                      checkpoint_every=10)
+    if int(accumulation_steps) > 1:
+        c.trainer.accumulation_steps = int(accumulation_steps)
+        c.data.global_batch_size //= int(accumulation_steps)
+        c.optimizer.ema_decay = 0.9
+    return c
+
+
+def main(workdir, out, steps, stop_at=None, accumulation_steps=1):
+    logging.set_verbosity(logging.INFO)
+    c = worker_config(steps, accumulation_steps)
     c.actions.record = dict(action="multi_worker_main.record_step", every=5,
                             path=out + ".steps")
     if stop_at:
@@ -57,8 +68,10 @@ def main(workdir, out, steps, stop_at=None):
     set_policy(c.precision, strategy)
     trainer = Trainer(c, tasks.get_task(c), strategy, workdir)
     trainer.train()
+    averages = trainer.ema.averages if trainer.ema else []
     np.savez(out, step=trainer.step.numpy(),
-             **{f"w{i}": w.numpy() for i, w in enumerate(trainer.model.weights)})
+             **{f"w{i}": w.numpy() for i, w in enumerate(trainer.model.weights)},
+             **{f"ema{i}": a.numpy() for i, a in enumerate(averages)})
 
 
 if __name__ == "__main__":

@@ -78,14 +78,28 @@ def test_two_workers_train_alike_and_only_the_chief_writes(tmp_path):
 
 
 def test_a_stop_asked_on_the_chief_alone_stops_every_worker_at_that_step(tmp_path):
+    """With gradient accumulation (2 micro-batches of 8 per worker) and an EMA: the
+    workers also train exactly like one process on the same 32 examples a step."""
     workdir = tmp_path / "wd"
-    codes = finish(start_workers(workdir, tmp_path, 40, "15"), timeout=240)
+    codes = finish(start_workers(workdir, tmp_path, 40, "15", "2"), timeout=240)
     logs = [open(tmp_path / f"worker{i}.log").read() for i in range(2)]
     assert codes == [0, 0], logs[0][-2000:] + logs[1][-2000:]
     assert_same_weights(tmp_path, 15)
     assert checkpoints(workdir) == [10, 15]  # the final checkpoint at the stop
     for log in logs:
         assert "Stopping at step 15: " in log
+
+    from conftest import build
+    from multi_worker_main import worker_config
+    config = worker_config(15)
+    config.optimizer.ema_decay = 0.9
+    one = build(config, tmp_path / "one_process")
+    one.train()
+    workers = np.load(tmp_path / "worker0.npz")
+    for i, w in enumerate(one.model.weights):
+        np.testing.assert_allclose(workers[f"w{i}"], w.numpy(), rtol=1e-4, atol=1e-5)
+    for i, a in enumerate(one.ema.averages):
+        np.testing.assert_allclose(workers[f"ema{i}"], a.numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_dead_worker_stops_the_other_and_relaunch_resumes(tmp_path):
