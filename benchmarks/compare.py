@@ -65,7 +65,7 @@ def make_config():
             config.model.update(num_layers=1, d_model=32, num_heads=2, mlp_dim=64)
     config.optimizer.update(schedule="constant", clip_norm=0.0)  # the same for all contenders
     config.trainer.update(train_steps=10**9, log_every=10**9, checkpoint_every=10**9,
-                          eval_every=0)
+                          eval_every=0, per_step_summaries=False)
     return config
 
 
@@ -99,29 +99,41 @@ class Contender:
     """Runs `steps` training steps per call of `run`, which returns the seconds taken.
 
     `steps` is FLAGS.steps rounded up to a multiple of the steps the contender
-    runs per host call, so no call runs a partial chunk.
+    runs per host call, so no call runs a partial chunk. `batches_per_step`:
+    batches of the global batch size one step reads (accumulation).
     """
 
-    def __init__(self, name, run, steps_per_call=1):
+    def __init__(self, name, run, steps_per_call=1, batches_per_step=1):
         self.name, self.run, self.seconds, self.rss_growth_mb = name, run, [], 0.0
         self.steps = -(-FLAGS.steps // steps_per_call) * steps_per_call
+        self.batches_per_step = batches_per_step
 
 
-def trainer_contender(name, config, task, strategy, steps_per_loop, workdir):
+def trainer_contender(name, config, task, strategy, steps_per_loop, workdir, overrides=()):
+    """The Trainer's compiled loop, and the per-step summaries' writes when they are on
+    (as in a real run). `overrides`: {"section.field": value} to change in the config."""
     import tensorflow as tf
     from trainer import Trainer
+    from trainer.summaries import Summaries
     config = config.copy_and_resolve_references()
     config.trainer.steps_per_loop = steps_per_loop
+    for key, value in dict(overrides).items():
+        section, field = key.split(".")
+        config[section][field] = value
     trainer = Trainer(config, task, strategy, workdir)
+    summaries = Summaries(workdir, trainer.is_chief)
     iterator = iter(trainer.distributed_dataset("train"))
 
     def run(steps):
         t0 = time.perf_counter()
         for _ in range(steps // steps_per_loop):
-            trainer.train_loop(iterator, tf.constant(steps_per_loop, tf.int64))
+            first_step = int(trainer.step.numpy()) + 1
+            records = trainer.train_loop(iterator, tf.constant(steps_per_loop, tf.int64))
+            if records is not None:
+                summaries.per_step("train", trainer.PER_STEP_SCALARS, records, first_step)
         trainer.step.numpy()  # wait for the device
         return time.perf_counter() - t0
-    return Contender(name, run, steps_per_loop)
+    return Contender(name, run, steps_per_loop, trainer.accumulation_steps)
 
 
 def fit_contender(config, task, strategy, batches, steps_per_execution):
@@ -179,7 +191,7 @@ def measure(contenders, repeats):
 
 
 def summarize(c, batch, tokens_per_example):
-    rates = sorted(c.steps * batch / s for s in c.seconds)
+    rates = sorted(c.steps * c.batches_per_step * batch / s for s in c.seconds)
     row = {"contender": c.name, "examples_per_sec": statistics.median(rates),
            "min": rates[0], "max": rates[-1], "peak_rss_growth_mb": round(c.rss_growth_mb, 1)}
     if tokens_per_example:
@@ -218,11 +230,20 @@ def run_sweeps(config, strategy, task, workdir):
                                   os.path.join(workdir, "pipe", "mem")),
                 trainer_contender("real input pipeline", config, task, strategy, spl,
                                   os.path.join(workdir, "pipe", "real"))]
+    # The same micro-batch everywhere: what accumulation, per-step summaries, EMA cost.
+    features = [trainer_contender(name, config, memory_task, strategy, spl,
+                                  os.path.join(workdir, "features", str(i)), overrides)
+                for i, (name, overrides) in enumerate([
+                    ("plain", {}),
+                    ("accumulation_steps=4", {"trainer.accumulation_steps": 4}),
+                    ("per-step summaries", {"trainer.per_step_summaries": True}),
+                    ("EMA 0.999", {"optimizer.ema_decay": 0.999})])]
     measure(sweep, FLAGS.repeats)
     measure(pipeline, FLAGS.repeats)
+    measure(features, FLAGS.repeats)
     batch = config.data.global_batch_size
-    return ([summarize(c, batch, task.tokens_per_example) for c in sweep],
-            [summarize(c, batch, task.tokens_per_example) for c in pipeline])
+    return tuple([summarize(c, batch, task.tokens_per_example) for c in contenders]
+                 for contenders in (sweep, pipeline, features))
 
 
 def markdown(title, rows, ratio_to=None):
@@ -288,11 +309,14 @@ def main(argv):
     from trainer.precision import set_policy
     set_policy(sweep_precision, strategy)
     import tasks
-    sweep, pipeline = run_sweeps(config, strategy, tasks.get_task(config), workdir)
+    sweep, pipeline, features = run_sweeps(config, strategy, tasks.get_task(config), workdir)
     results["steps_per_loop"] = sweep
     results["input_pipeline"] = pipeline
+    results["features"] = features
     text.append(markdown(f"Trainer steps_per_loop ({sweep_precision})", sweep))
     text.append(markdown(f"Input pipeline ({sweep_precision}): ratio to in-memory", pipeline))
+    text.append(markdown(f"Accumulation, per-step summaries, EMA ({sweep_precision}, the same "
+                         "micro-batch, examples/sec): ratio to plain", features))
     report = f"## {results['task']} / {results['model']}, global batch {results['batch']}, " \
              f">= {FLAGS.steps} steps x {FLAGS.repeats} repeats\n\n" + "\n".join(text)
     print(report)

@@ -21,14 +21,18 @@ def test_compare_harness_smoke(tmp_path):
     assert set(results["precisions"]) == {"float32"}
     names = [r["contender"] for r in results["precisions"]["float32"]]
     assert names == ["Trainer spl=2", "fit spe=1", "fit spe=2", "bare loop"]
+    assert [r["contender"] for r in results["features"]] == [
+        "plain", "accumulation_steps=4", "per-step summaries", "EMA 0.999"]
     for rows in list(results["precisions"].values()) + [results["steps_per_loop"],
-                                                       results["input_pipeline"]]:
+                                                       results["input_pipeline"],
+                                                       results["features"]]:
         for r in rows:
             assert 0 < r["min"] <= r["examples_per_sec"] <= r["max"]
             assert r["tokens_per_sec"] == r["examples_per_sec"] * 32
     assert [r["contender"] for r in results["steps_per_loop"]] == ["Trainer spl=1",
                                                                   "Trainer spl=2"]
     assert "| bare loop |" in run.stdout and "tokens/s" in run.stdout
+    assert "| accumulation_steps=4 |" in run.stdout
     assert (out / "results.png").stat().st_size > 1000
 
 
