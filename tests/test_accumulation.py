@@ -121,3 +121,26 @@ def test_every_step_reaches_tensorboard_inside_steps_per_loop(tmp_path):
     for tag in ("loss", "learning_rate", "grad_norm"):
         np.testing.assert_allclose([v for _, v in sorted(train[tag])],
                                    [v for _, v in sorted(logged[tag])], rtol=1e-4, err_msg=tag)
+
+
+@pytest.mark.parametrize("task_name", ["cifar10", "lm"])
+def test_micro_batches_read_exactly_the_examples_of_the_big_batch(task_name):
+    """accumulation_steps=4 at 8 sees what accumulation_steps=1 at 32 sees, step by step,
+    also from a resumed step (the stream starts at step * k micro-batches)."""
+    import tasks
+    from configs import lm
+    from trainer.accumulation import batch_micro_steps
+    config = tiny_config() if task_name == "cifar10" else lm.get_config()
+    if task_name == "lm":
+        config.data.max_bytes = 100_000
+    context = tf.distribute.InputContext()
+
+    def steps(batch, k, start_step):
+        config.data.global_batch_size = batch
+        dataset = tasks.get_task(config).build_inputs("train", context, start_step * k)
+        return [tf.reshape(x, [-1, *x.shape[-3 if task_name == "cifar10" else -1:]]).numpy()
+                for x, _ in batch_micro_steps(dataset, k).take(2)]
+
+    for start_step in (0, 5):
+        for big, accumulated in zip(steps(32, 1, start_step), steps(8, K, start_step)):
+            np.testing.assert_array_equal(big, accumulated)
