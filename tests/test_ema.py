@@ -71,9 +71,9 @@ def test_a_failed_evaluation_still_puts_the_raw_weights_back(tmp_path, monkeypat
     trainer.train_loop(it, tf.constant(2, tf.int64))
     raw = [v.numpy() for v in trainer.model.trainable_variables]
 
-    def fail(progress):
+    def fail(dataset, progress):
         raise RuntimeError("eval failed")
-    monkeypatch.setattr(trainer, "_evaluate_pass", fail)
+    monkeypatch.setattr(trainer.evaluation, "run", fail)
     with pytest.raises(RuntimeError, match="eval failed"):
         trainer.evaluate()
     for v, r in zip(trainer.model.trainable_variables, raw):

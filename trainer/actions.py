@@ -22,6 +22,7 @@ import sys
 import keras
 from absl import logging
 
+from trainer.optimizers import build_learning_rate
 from trainer.plugins import import_object
 
 
@@ -80,7 +81,7 @@ class LogTrain(Action):
         trainer = controller.trainer
         seconds = controller.train_seconds - last_seconds  # evaluation and saves excluded
         self._last = (step, controller.train_seconds)
-        results = trainer.train_results()
+        results = train_results(trainer)
         steps_per_sec = (step - last_step) / max(seconds, 1e-9)
         examples_per_sec = steps_per_sec * trainer.examples_per_step
         scalars = dict(results, steps_per_sec=steps_per_sec, examples_per_sec=examples_per_sec)
@@ -97,6 +98,23 @@ class LogTrain(Action):
         logging.info("step %d/%d: %s | %.0f ex/s%s, %.2f steps/s, ETA %s", step,
                      trainer.train_steps, format_metrics(metrics), examples_per_sec, tokens,
                      steps_per_sec, format_duration(eta))
+
+
+def train_results(trainer):
+    """The train metrics since the last call, with the learning rate the last step used
+    (as per-step summaries write it; the optimizer's `learning_rate` is the next
+    step's), the current loss scale and the skipped steps; resets the metrics."""
+    results = {m.name: float(m.result()) for m in trainer.train_metrics}
+    schedule = build_learning_rate(trainer.config.optimizer, trainer.train_steps)
+    last_step = max(int(trainer.step.numpy()) - 1, 0)
+    results.update(
+        learning_rate=float(schedule(last_step) if callable(schedule) else schedule),
+        loss_scale=float(trainer.loss_scale.scale.numpy()),
+        grad_norm=float(trainer.grad_norm.result()),
+        skipped_steps=float(trainer.loss_scale.skipped_steps.numpy()))
+    for m in trainer.train_metrics + [trainer.grad_norm]:
+        m.reset_state()
+    return results
 
 
 class ProgressBar(Action):

@@ -101,6 +101,12 @@ def _layer_of(variable_path):
     return variable_path.rsplit("/", 1)[0]
 
 
+def check_numerics_every(every):
+    if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+        raise ValueError(f"numerics.every={every!r} must be an integer >= 0 (0: off).")
+    return every
+
+
 class Telemetry:
     """The statistics' variables (not checkpointed) and the compiled code that fills them."""
 

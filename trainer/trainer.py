@@ -1,9 +1,10 @@
 """The Trainer: the model and its state, and the compiled train and eval steps.
 
-Everything that runs inside `tf.function` lives here, in the order it runs:
-`train_step` (forward, loss scaling, the one gradient all-reduce, skip or apply),
-the compiled loop of `steps_per_loop` steps, `eval_step`. The host loop around it
-(logging, checkpoints, evaluation, stopping) is `trainer/controller.py`.
+Everything of training that runs inside `tf.function` lives here, in the order
+it runs: `train_step` (forward and backward on each micro-batch, loss scaling,
+the one gradient all-reduce, skip or apply), the compiled loop of
+`steps_per_loop` steps. Evaluation is `trainer/evaluation.py`; the host loop
+around both (logging, checkpoints, evaluation, stopping) `trainer/controller.py`.
 """
 
 import contextlib
@@ -19,17 +20,12 @@ from trainer.actions import format_metrics
 from trainer.controller import Controller, check_trainer_config
 from trainer.distribute import is_chief
 from trainer.ema import EmaWeights
+from trainer.evaluation import Evaluation, as_float32
 from trainer.loss_scale import LossScale, all_finite
-from trainer.optimizers import build_learning_rate, build_optimizer, disable_keras_all_reduce
-from trainer.numerics import Telemetry
+from trainer.optimizers import build_optimizer, disable_keras_all_reduce
+from trainer.numerics import Telemetry, check_numerics_every
 from trainer.precision import (advise_shapes, check_float32_layers, layers_of, policy_name,
                                use_float32_layers)
-
-
-def _as_float32(outputs):
-    """Losses and metrics are computed in float32 whatever the compute dtype."""
-    return tf.nest.map_structure(
-        lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
 
 
 def _step_variable(name):
@@ -100,11 +96,8 @@ class Trainer:
             self.nonfinite_streak = _step_variable("nonfinite_streak")  # not checkpointed
             self.train_metrics = [keras.metrics.Mean("loss")] + task.build_metrics()
             self.grad_norm = keras.metrics.Mean("grad_norm")
-            self.eval_metrics = ([keras.metrics.Mean("loss"), keras.metrics.Sum("num_examples")]
-                                 + task.build_metrics())
-            every = config.numerics.every
-            if not isinstance(every, int) or every < 0:
-                raise ValueError(f"numerics.every={every!r} must be an integer >= 0 (0: off).")
+            self.evaluation = Evaluation(task, self.model, strategy)
+            every = check_numerics_every(config.numerics.every)
             self.telemetry = (Telemetry(self.model.trainable_variables,
                                         layers_of(self.model), every) if every else None)
 
@@ -131,9 +124,6 @@ class Trainer:
         self._compute_gradients = tf.function(
             self._forward_backward, jit_compile=bool(config.trainer.jit_compile))
         self.train_loop = tf.function(self._train_loop_fn)
-        self.eval_loop = tf.function(self._eval_loop_fn)
-        self.eval_batch = tf.function(
-            lambda features, labels: strategy.run(self.eval_step, args=(features, labels)))
         self._eval_dataset = None  # built on the first evaluation, reused after
 
     # ----------------------------------------------------------------- steps
@@ -144,7 +134,7 @@ class Trainer:
                    else contextlib.nullcontext())
         with tf.GradientTape() as tape:
             with capture as layer_outputs:
-                outputs = _as_float32(self.model(features, training=True))
+                outputs = as_float32(self.model(features, training=True))
             per_example_loss = self.task.compute_loss(labels, outputs)
             if per_example_loss.shape.rank > 1:  # per-token losses: average each example's
                 per_example_loss = tf.reduce_mean(
@@ -280,18 +270,6 @@ class Trainer:
                     [first(loss)[0], learning_rate, loss_scale, first(grad_norm)[0]]))
         return records.stack() if self.per_step_summaries else None
 
-    def eval_step(self, features, labels):
-        """Updates the eval metrics with one replica's batch (which may be empty)."""
-        outputs = _as_float32(self.model(features, training=False))
-        # Flattened: Keras' Mean would first average each example's per-token losses.
-        self.eval_metrics[0].update_state(tf.reshape(self.task.compute_loss(labels, outputs), [-1]))
-        self.eval_metrics[1].update_state(tf.cast(tf.shape(labels)[0], tf.float32))
-        self.task.update_metrics(self.eval_metrics[2:], labels, outputs)
-
-    def _eval_loop_fn(self, dataset):
-        for features, labels in dataset:
-            self.strategy.run(self.eval_step, args=(features, labels))
-
     # ------------------------------------------------------- called by the host
 
     def train(self, evaluate=True, actions=()):
@@ -320,19 +298,17 @@ class Trainer:
                 logging.info("%s", message)
         return path
 
-    def evaluate(self, progress=False):
-        """One full pass over the eval split; returns {metric name: float}.
+    @property
+    def eval_metrics(self):
+        return self.evaluation.metrics
 
-        `progress`: a bar of batches on the terminal; the batches then run one
-        compiled call each, instead of the whole pass in one.
-        """
-        for m in self.eval_metrics:
-            m.reset_state()
+    def evaluate(self, progress=False):
+        """One full pass over the eval split (see `Evaluation.run`), with the EMA weights
+        if `eval_weights` says so; returns {metric name: float}."""
         if self._eval_dataset is None:
             self._eval_dataset = self.distributed_dataset("eval")
         with self.eval_weights():
-            self._evaluate_pass(progress)
-        results = {m.name: float(m.result()) for m in self.eval_metrics}
+            results = self.evaluation.run(self._eval_dataset, progress)
         logging.info("eval @ step %d%s: %s", int(self.step.numpy()),
                      " (EMA weights)" if self.ema else "", format_metrics(results))
         return results
@@ -341,32 +317,3 @@ class Trainer:
         """A context in which the model holds the weights to evaluate: the EMA ones
         with `optimizer.ema_decay` and `eval.use_ema`, else its own."""
         return self.ema.swapped_in() if self.ema else contextlib.nullcontext()
-
-    def _evaluate_pass(self, progress):
-        if progress:
-            bar = keras.utils.Progbar(None, unit_name="eval batch")
-            batches = 0
-            for features, labels in self._eval_dataset:
-                self.eval_batch(features, labels)
-                batches += 1
-                bar.update(batches)
-            bar.update(batches, finalize=True)
-        else:
-            self.eval_loop(self._eval_dataset)
-
-    def train_results(self):
-        """The train metrics since the last call, with the optimizer's and loss scale's
-        state; resets the metrics."""
-        results = {m.name: float(m.result()) for m in self.train_metrics}
-        schedule = build_learning_rate(self.config.optimizer, self.train_steps)
-        last_step = max(int(self.step.numpy()) - 1, 0)
-        results.update(
-            # the rate the last step used, as per-step summaries write it (the optimizer's
-            # `learning_rate` is the next step's)
-            learning_rate=float(schedule(last_step) if callable(schedule) else schedule),
-            loss_scale=float(self.loss_scale.scale.numpy()),
-            grad_norm=float(self.grad_norm.result()),
-            skipped_steps=float(self.loss_scale.skipped_steps.numpy()))
-        for m in self.train_metrics + [self.grad_norm]:
-            m.reset_state()
-        return results
