@@ -188,10 +188,11 @@ def events(workdir, run):
             for e in tf.compat.v1.train.summary_iterator(path) for v in e.summary.value}
 
 
-def train_two_heads(tmp_path, factor, strategy, steps=3):
+def train_two_heads(tmp_path, factor, strategy, steps=3, accumulation_steps=1):
     config = tiny_config(precision="mixed_float16", **{
         "numerics.every": 1, "trainer.train_steps": steps, "trainer.steps_per_loop": steps,
-        "trainer.best_metric": "", "optimizer.learning_rate": 1e-2})
+        "trainer.best_metric": "", "optimizer.learning_rate": 1e-2,
+        "trainer.accumulation_steps": accumulation_steps})
     set_policy(config.precision, strategy)
     with strategy.scope():
         trainer = Trainer(config, TwoHeads(config, factor), strategy, str(tmp_path))
@@ -200,7 +201,8 @@ def train_two_heads(tmp_path, factor, strategy, steps=3):
 
 
 def test_telemetry_flags_the_branch_that_underflows_in_float16(tmp_path):
-    report = train_two_heads(tmp_path, 1e-12, two_replicas())
+    """On 2 replicas, accumulating 2 micro-batches (activations of the first one)."""
+    report = train_two_heads(tmp_path, 1e-12, two_replicas(), accumulation_steps=2)
     assert list(report["at_risk"]) == ["branch"]
     assert "100% of gradient entries are zero" in report["at_risk"]["branch"][0]
     assert """float32_layers='["branch"]'""" in report["advice"][0]

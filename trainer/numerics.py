@@ -78,7 +78,12 @@ class ActivationProbe:
                         for p in self.paths]
                 return tf.stack(rows)
 
-        return tf.cond(record, compute, lambda: tf.zeros([len(self.paths), 3]))
+        return tf.cond(record, compute, lambda: tf.zeros([self.rows, 3]))
+
+    @property
+    def rows(self):
+        """Rows of `statistics`: one per layer."""
+        return len(self.paths)
 
 
 def _output_statistics(outputs):

@@ -153,7 +153,7 @@ class Trainer:
         # concatenation with duplicate indices is not the norm of the sum.
         grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
         activations = (self.telemetry.activations.statistics(layer_outputs, record_activations)
-                       if self.telemetry else tf.zeros([0]))
+                       if self.telemetry else tf.zeros([0, 3]))
         return outputs, loss, grads, activations
 
     def _micro_batch(self, features, labels, micro_step, record):
@@ -174,7 +174,7 @@ class Trainer:
             loss, scaled_grads, activations = self._micro_batch(features, labels, 0, record)
         else:  # features are [accumulation_steps, micro-batch, ...]: no all-reduce in there
             zeros = (tf.zeros([]), [tf.zeros(v.shape) for v in self.model.trainable_variables],
-                     tf.zeros([len(self.telemetry.activations.paths), 3] if self.telemetry else [0]))
+                     tf.zeros([self.telemetry.activations.rows if self.telemetry else 0, 3]))
             loss, scaled_grads, activations = accumulate(
                 self._micro_batch, features, labels, self.accumulation_steps, record, zeros)
         # The step's one all-reduce: the gradients, and the loss along with them.
