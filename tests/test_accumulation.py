@@ -144,3 +144,14 @@ def test_micro_batches_read_exactly_the_examples_of_the_big_batch(task_name):
     for start_step in (0, 5):
         for big, accumulated in zip(steps(32, 1, start_step), steps(8, K, start_step)):
             np.testing.assert_array_equal(big, accumulated)
+
+
+def test_per_step_summaries_of_successive_runs_in_one_process(tmp_path):
+    """A compiled summary write holds the writer it was traced with: each run's own."""
+    from trainer.summaries import Summaries
+    for run in ("a", "b"):
+        summaries = Summaries(str(tmp_path / run), True)
+        summaries.per_step("train", ("loss", "grad_norm"), np.arange(6.0).reshape(3, 2), 4)
+        del summaries
+        assert scalars(tmp_path / run, "train") == {
+            "loss": [(4, 0.0), (5, 2.0), (6, 4.0)], "grad_norm": [(4, 1.0), (5, 3.0), (6, 5.0)]}

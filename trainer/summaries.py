@@ -16,6 +16,7 @@ class Summaries:
     def __init__(self, workdir, is_chief):
         self.workdir, self.is_chief = workdir, is_chief
         self._writers = {}
+        self._row_writers = {}  # run -> compiled `_write_rows` for that run's writer
 
     def _writer(self, run):
         if run not in self._writers:
@@ -38,9 +39,11 @@ class Summaries:
         if not self.is_chief or not len(values):
             return
         writer = self._writer(run)
+        if run not in self._row_writers:  # a trace holds its writer: one function per writer
+            self._row_writers[run] = tf.function(_write_rows)
         with writer.as_default():
-            _write_rows(tf.convert_to_tensor(values, tf.float32),
-                        tf.constant(first_step, tf.int64), tuple(names))
+            self._row_writers[run](tf.convert_to_tensor(values, tf.float32),
+                                   tf.constant(first_step, tf.int64), tuple(names))
         writer.flush()
 
     def histograms(self, run, histograms, step):
@@ -90,7 +93,6 @@ class Summaries:
             writer.flush()
 
 
-@tf.function
 def _write_rows(values, first_step, names):
     for i in tf.range(tf.shape(values, out_type=tf.int64)[0]):
         for j, name in enumerate(names):  # write: scalar() would prefix the loop's scope
