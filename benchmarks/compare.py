@@ -316,7 +316,7 @@ def main(argv):
     text.append(markdown(f"Trainer steps_per_loop ({sweep_precision})", sweep))
     text.append(markdown(f"Input pipeline ({sweep_precision}): ratio to in-memory", pipeline))
     text.append(markdown(f"Accumulation, per-step summaries, EMA ({sweep_precision}, the same "
-                         "micro-batch, examples/sec): ratio to plain", features))
+                         "micro-batch, every micro-batch counted): ratio to plain", features))
     report = f"## {results['task']} / {results['model']}, global batch {results['batch']}, " \
              f">= {FLAGS.steps} steps x {FLAGS.repeats} repeats\n\n" + "\n".join(text)
     print(report)
