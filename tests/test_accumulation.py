@@ -32,6 +32,8 @@ def test_accumulated_micro_batches_train_like_one_big_batch(tmp_path, replicas, 
                "optimizer.momentum": 0.9, "optimizer.clip_norm": clip_norm})
         trainer.train_loop(it, tf.constant(STEPS, tf.int64))
         assert int(trainer.step.numpy()) == int(trainer.optimizer.iterations.numpy()) == STEPS
+        if clip_norm:  # clipping did act
+            assert float(trainer.grad_norm.result()) > 2 * clip_norm
         assert trainer.examples_per_step == 32
         assert trainer.model.losses  # the L2 term is in the loss
         weights[k] = replica_weights(trainer)
@@ -46,8 +48,10 @@ def test_accumulated_micro_batches_train_like_one_big_batch(tmp_path, replicas, 
 def test_an_overflow_in_one_micro_batch_skips_the_step_on_every_replica(tmp_path):
     x, y = data(2 * K, np.random.default_rng(1))
     # Step 1 reads per-replica batches 0..3 on replica 0 and 4..7 on replica 1: poison
-    # the third micro-batch of replica 1.
+    # the third micro-batch of replica 1, and (the loss scale must still move once) the
+    # first of replica 0.
     x[(K + 2) * 4] = np.inf
+    x[0] = np.inf
     trainer, it = make_trainer(two_replicas(), x, y, tmp_path, precision="mixed_float16",
                                **{"data.global_batch_size": 8,
                                   "trainer.accumulation_steps": K})
@@ -59,6 +63,7 @@ def test_an_overflow_in_one_micro_batch_skips_the_step_on_every_replica(tmp_path
         for b, a in zip(before[r], after[r]):
             np.testing.assert_array_equal(a, b)
     assert float(trainer.loss_scale.scale.numpy()) == scale / 2  # once per optimizer step
+    assert int(trainer.loss_scale.good_steps.numpy()) == 0
     assert int(trainer.loss_scale.skipped_steps.numpy()) == 1
     assert int(trainer.step.numpy()) == 1 and int(trainer.optimizer.iterations.numpy()) == 0
 
@@ -88,8 +93,10 @@ def test_resume_is_bitwise_equal_and_reads_the_stream_by_micro_batch(tmp_path):
     assert int(resumed.step.numpy()) == 6
     for a, b in zip(uninterrupted.model.weights, resumed.model.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
-    summary = scalars(tmp_path / "a", "train")
-    assert summary["examples_per_sec"]  # logged, counted in examples (3 x 16 a step)
+    logged = scalars(tmp_path / "a", "train")  # examples/sec counts 3 x 16 examples a step
+    for (step, examples), (_, steps) in zip(sorted(logged["examples_per_sec"]),
+                                            sorted(logged["steps_per_sec"])):
+        assert examples == pytest.approx(48 * steps, rel=1e-6), step
 
 
 def override_steps(config, steps):
@@ -133,17 +140,27 @@ def test_micro_batches_read_exactly_the_examples_of_the_big_batch(task_name):
     config = tiny_config() if task_name == "cifar10" else lm.get_config()
     if task_name == "lm":
         config.data.max_bytes = 100_000
-    context = tf.distribute.InputContext()
 
-    def steps(batch, k, start_step):
+    def step_examples(batch, k, start_step, pipelines, replicas):
+        """The examples of optimizer step `start_step`, over every pipeline and replica
+        (rows sorted: replicas and pipelines interleave the stream)."""
         config.data.global_batch_size = batch
-        dataset = tasks.get_task(config).build_inputs("train", context, start_step * k)
-        return [tf.reshape(x, [-1, *x.shape[-3 if task_name == "cifar10" else -1:]]).numpy()
-                for x, _ in batch_micro_steps(dataset, k).take(2)]
+        rows = []
+        for p in range(pipelines):
+            context = tf.distribute.InputContext(pipelines, p, replicas)
+            dataset = tasks.get_task(config).build_inputs("train", context, start_step * k)
+            for x, _ in batch_micro_steps(dataset, k).take(replicas // pipelines):
+                rows.append(tf.reshape(x, [-1, int(np.prod(x.shape[-3 if task_name ==
+                                                                  "cifar10" else -1:]))]))
+        rows = np.concatenate(rows)
+        return rows[np.lexsort(rows.T[::-1])]
 
-    for start_step in (0, 5):
-        for big, accumulated in zip(steps(32, 1, start_step), steps(8, K, start_step)):
-            np.testing.assert_array_equal(big, accumulated)
+    for pipelines, replicas in ((1, 1), (1, 2), (2, 2)):
+        for start_step in (0, 5):
+            np.testing.assert_array_equal(
+                step_examples(32, 1, start_step, pipelines, replicas),
+                step_examples(8, K, start_step, pipelines, replicas),
+                err_msg=f"{pipelines} pipelines, {replicas} replicas, step {start_step}")
 
 
 def test_per_step_summaries_of_successive_runs_in_one_process(tmp_path):

@@ -127,3 +127,14 @@ def test_ema_off_adds_nothing(tmp_path):
                               tmp_path)
     assert trainer.ema is None and not trainer.optimizer.use_ema
     assert tiny_config().optimizer.ema_decay == 0.0
+
+
+def test_before_the_first_applied_update_the_ema_is_the_initial_weights(tmp_path):
+    """Keras creates the averages as zeros: evaluating them would score a zero model."""
+    x, y = data(2, np.random.default_rng(5))
+    trainer, _ = ema_trainer(tmp_path, x, y)
+    with_ema = trainer.evaluate()
+    ema, trainer.ema = trainer.ema, None
+    np.testing.assert_allclose(trainer.evaluate()["loss"], with_ema["loss"], rtol=1e-6)
+    for v, a in zip(trainer.model.trainable_variables, ema.averages):
+        np.testing.assert_array_equal(v.numpy(), a.numpy())

@@ -4,7 +4,8 @@ The average is Keras' own: float32 optimizer variables (so checkpointed with
 the optimizer), updated inside `optimizer.apply`, i.e. on applied steps only
 (a skipped step applies nothing), with the same reduced gradients on every
 replica. `average = decay * average + (1 - decay) * weights` after each
-applied update; Keras sets the average to the weights at the first one.
+applied update; Keras sets the average to the weights at the first one (and
+before it, the average is the initial weights).
 """
 
 import contextlib
@@ -39,6 +40,10 @@ class EmaWeights:
                 "variables: this Keras changed where it keeps the EMA. Install the Keras "
                 "version pinned in pyproject.toml, or set --config.optimizer.ema_decay=0.")
         self.variables, self.averages = model.trainable_variables, averages
+        # Keras creates the averages as zeros and sets them at the first applied update:
+        # until then (a restore overwrites this) the average is the weights, not zeros.
+        for variable, average in zip(self.variables, self.averages):
+            average.assign(variable)
         self._swap = tf.function(self._swap_values)
 
     def _swap_values(self):

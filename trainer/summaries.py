@@ -40,7 +40,8 @@ class Summaries:
             return
         writer = self._writer(run)
         if run not in self._row_writers:  # a trace holds its writer: one function per writer
-            self._row_writers[run] = tf.function(_write_rows)
+            # reduce_retracing: chunks of any length share one trace.
+            self._row_writers[run] = tf.function(_write_rows, reduce_retracing=True)
         with writer.as_default():
             self._row_writers[run](tf.convert_to_tensor(values, tf.float32),
                                    tf.constant(first_step, tf.int64), tuple(names))

@@ -1,4 +1,4 @@
-"""The Trainer: the model and its state, and the compiled train and eval steps.
+"""The Trainer: the model and its state, and the compiled train step and loop.
 
 Everything of training that runs inside `tf.function` lives here, in the order
 it runs: `train_step` (forward and backward on each micro-batch, loss scaling,
@@ -105,8 +105,8 @@ class Trainer:
         advise_shapes(self.model, {"per-replica batch": self.global_batch_size // replicas,
                                    "sequence length": task.tokens_per_example}, strategy)
 
-        # Keras' dropout draws from SeedGenerator variables; the Trainer sets them at
-        # each step from (seed, step, replica), see `_reseed`. The non-trainable
+        # Keras' dropout draws from SeedGenerator variables; the Trainer sets them for
+        # each micro-batch from (seed, micro-batch number, replica), see `_reseed`. The non-trainable
         # float variables are state the forward pass updates (BN statistics).
         self.seed_states = [v for v in self.model.non_trainable_variables
                             if v.path.endswith(SEED_STATE_NAME)]
