@@ -12,8 +12,9 @@ from trainer import Trainer
 from trainer.precision import set_policy
 
 
-@pytest.mark.parametrize("name,batch", [("cifar_tpu", 8), ("lm_tpu", 2)])
-def test_tpu_config_train_step_compiles_with_xla(tmp_path, name, batch):
+@pytest.mark.parametrize("name,batch,accumulation", [("cifar_tpu", 8, 2), ("lm_tpu", 2, 1)])
+def test_tpu_config_train_step_compiles_with_xla(tmp_path, name, batch, accumulation):
+    """cifar_tpu also with gradient accumulation: the compiled pass inside its loop."""
     config = importlib.import_module(f"configs.{name}").get_config()
     assert config.trainer.jit_compile and config.precision == "mixed_bfloat16"
     config.distribution.strategy = "default"  # the model and step as on TPU, on the CPU
@@ -25,7 +26,8 @@ def test_tpu_config_train_step_compiles_with_xla(tmp_path, name, batch):
         # Every layer is the same Block: two compile the same ops as twelve, in a
         # fraction of the CPU time (shapes, dtypes, dropout and remat stay the TPU's).
         config.model.num_layers = 2
-    config.trainer.update(train_steps=2, steps_per_loop=2, log_every=2, checkpoint_every=2)
+    config.trainer.update(train_steps=2, steps_per_loop=2, log_every=2, checkpoint_every=2,
+                          accumulation_steps=accumulation)
     config.optimizer.warmup_steps = 1
     set_policy(config.precision, tf.distribute.get_strategy())
     keras.utils.set_random_seed(0)
@@ -33,6 +35,9 @@ def test_tpu_config_train_step_compiles_with_xla(tmp_path, name, batch):
                       str(tmp_path))
     iterator = iter(trainer.distributed_dataset("train"))
     features, labels = next(iterator)
+    if accumulation > 1:  # [accumulation, batch, ...]: one micro-batch is compiled
+        assert features.shape[0] == accumulation
+        features, labels = features[0], labels[0]
     # The XLA program exists only if every op compiles and every shape is static.
     hlo = trainer._compute_gradients.experimental_get_compiler_ir(
         features, labels, None)(stage="hlo")
