@@ -172,3 +172,14 @@ def test_per_step_summaries_of_successive_runs_in_one_process(tmp_path):
         del summaries
         assert scalars(tmp_path / run, "train") == {
             "loss": [(4, 0.0), (5, 2.0), (6, 4.0)], "grad_norm": [(4, 1.0), (5, 3.0), (6, 5.0)]}
+
+
+def test_resuming_with_another_batch_per_step_warns_that_the_stream_moves(tmp_path, caplog):
+    config = tiny_config(**{"trainer.train_steps": 2, "trainer.eval_every": 0})
+    build(config, tmp_path).train(evaluate=False)
+    assert "not where that run stopped" not in caplog.text
+    resumed = override_steps(config, 4)
+    resumed.trainer.accumulation_steps, resumed.data.global_batch_size = 2, 16
+    build(resumed, tmp_path).train(evaluate=False)
+    assert ("with data.global_batch_size, trainer.accumulation_steps = (16, 2), but the "
+            "workdir was trained with (32, 1)") in caplog.text

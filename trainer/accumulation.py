@@ -15,6 +15,7 @@ gradients already all-reduced (one all-reduce per micro-batch).
 """
 
 import tensorflow as tf
+from absl import logging
 
 
 def check_accumulation_steps(value):
@@ -22,6 +23,27 @@ def check_accumulation_steps(value):
         raise ValueError(f"trainer.accumulation_steps={value!r} must be an integer >= 1 "
                          "(1: no accumulation).")
     return value
+
+
+def warn_if_the_stream_moves(previous_config, config, step):
+    """Warns when a resumed run reads global batches of another size or number per step
+    than the run that wrote the workdir: the stream resumes at `step * k` batches of
+    the new size, which is not where the old run stopped (examples skipped or read
+    twice); nothing records the old position in examples."""
+    if not previous_config or not step:
+        return None
+    def per_step(c):
+        return (c.get("data", {}).get("global_batch_size"),
+                c.get("trainer", {}).get("accumulation_steps", 1))
+    old, new = per_step(previous_config), per_step(config.to_dict())
+    if old == new:
+        return None
+    message = (f"Resuming at step {step} with data.global_batch_size, "
+               f"trainer.accumulation_steps = {new}, but the workdir was trained with {old}: "
+               f"the input stream restarts at global batch {step * new[1]} of size {new[0]}, "
+               "not where that run stopped, so some examples are skipped or read twice.")
+    logging.warning("%s", message)
+    return message
 
 
 def batch_micro_steps(dataset, accumulation_steps):

@@ -25,11 +25,11 @@ from trainer.export import Export, check_export
 from trainer.numerics import NumericsLog
 from trainer.precision import layers_of
 from trainer.profiler import Profile, check_profile_steps
-from trainer.run_summary import write_summary
+from trainer.run_summary import write_start, write_summary
 from trainer.samples import Samples
 from trainer.signals import Preempted, StopOnSignal
 from trainer.summaries import Summaries
-from trainer.workdir import ChiefFiles, is_local
+from trainer.workdir import ChiefFiles
 
 
 class Controller:
@@ -142,7 +142,7 @@ class Controller:
         iterator = iter(trainer.distributed_dataset("train"))  # bad data fails before any write
         for action in self.actions:
             action.begin(self)
-        self._write_start()
+        write_start(self)
         self._agree_on_requests()
         # From here on, a run ends with summary.json (before: a failure leaves the
         # previous run's summary as it was).
@@ -277,18 +277,6 @@ class Controller:
             f"{str(error).strip().splitlines()[0][:200]}). Relaunch every worker with the "
             "same --workdir: training resumes from "
             f"{self.trainer.checkpoints.latest}.")
-
-    def _write_start(self):
-        trainer = self.trainer
-        self.files.write_text(os.path.join(trainer.workdir, "config.json"),
-                              trainer.config.to_json_best_effort(indent=2))
-        self.summaries.text("train", "config", "```\n" + str(trainer.config) + "\n```",
-                            self.step)
-        self.summaries.hparams(trainer.config)
-        parent = os.path.dirname(os.path.abspath(trainer.workdir) if is_local(trainer.workdir)
-                                 else trainer.workdir.rstrip("/"))
-        logging.info("TensorBoard logs in %s; view with: tensorboard --logdir=%s",
-                     trainer.workdir, parent)
 
 
 def check_trainer_config(tc):

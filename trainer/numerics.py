@@ -17,7 +17,6 @@ import contextlib
 import math
 import re
 
-import numpy as np
 import tensorflow as tf
 from absl import logging
 

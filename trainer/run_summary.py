@@ -1,5 +1,6 @@
-"""`workdir/summary.json`: what a run did, written when it ends for any reason
-(train_steps reached, early stop, time budget, signal, divergence, a failure)."""
+"""What a run records of itself: at its start `config.json`, the config in
+TensorBoard (text and HParams); at its end, for any reason (train_steps reached,
+early stop, time budget, signal, divergence, a failure), `summary.json`."""
 
 import importlib.metadata
 import json
@@ -12,12 +13,31 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from trainer.accumulation import warn_if_the_stream_moves
+from trainer.workdir import is_local, read_json
+
 
 def _version(package):
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def write_start(controller):
+    """Writes the config (after checking it against the previous run's, on a resume)."""
+    trainer = controller.trainer
+    path = os.path.join(trainer.workdir, "config.json")
+    warn_if_the_stream_moves(read_json(path, "the config of the previous run"),
+                             trainer.config, controller.step)
+    controller.files.write_text(path, trainer.config.to_json_best_effort(indent=2))
+    controller.summaries.text("train", "config", "```\n" + str(trainer.config) + "\n```",
+                              controller.step)
+    controller.summaries.hparams(trainer.config)
+    parent = os.path.dirname(os.path.abspath(trainer.workdir) if is_local(trainer.workdir)
+                             else trainer.workdir.rstrip("/"))
+    logging.info("TensorBoard logs in %s; view with: tensorboard --logdir=%s",
+                 trainer.workdir, parent)
 
 
 def run_summary(controller, stopped):
