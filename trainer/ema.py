@@ -24,6 +24,11 @@ def check_ema_decay(decay):
     return float(decay)
 
 
+def evaluates_ema(config):
+    """Whether evaluation, the best checkpoint and export use the EMA weights."""
+    return bool(config.optimizer.get("ema_decay")) and config.eval.get("use_ema", True)
+
+
 class EmaWeights:
     """Swaps the EMA of the trainable weights with the weights themselves, and back.
 

@@ -23,6 +23,7 @@ from trainer.actions import Action
 from trainer import best as best_lib
 from trainer.best import BestCheckpoint
 from trainer.checkpoints import read_error
+from trainer.ema import evaluates_ema
 from trainer.optimizers import build_optimizer
 from trainer.precision import check_float32_layers
 from trainer.workdir import read_json
@@ -139,7 +140,7 @@ def _load(config, task, checkpoint, compute_dtype, layer_policies):
             "readable checkpoint "
             "of this config with --config.export.checkpoint=PATH/ckpt-N; nothing was "
             "written.") from e
-    use_ema = bool(config.optimizer.get("ema_decay")) and config.eval.get("use_ema", True)
+    use_ema = evaluates_ema(config)
     if use_ema:
         optimizer.finalize_variable_values(model.trainable_variables)  # Keras: EMA -> model
     return model, int(step.numpy()), "ema" if use_ema else "raw"

@@ -19,7 +19,7 @@ from trainer.checkpoints import Checkpoints, check_model_state_is_saved
 from trainer.actions import format_metrics
 from trainer.controller import Controller, check_trainer_config
 from trainer.distribute import is_chief
-from trainer.ema import EmaWeights
+from trainer.ema import EmaWeights, evaluates_ema
 from trainer.evaluation import Evaluation, as_float32
 from trainer.loss_scale import LossScale, all_finite
 from trainer.optimizers import build_optimizer, disable_keras_all_reduce
@@ -85,8 +85,7 @@ class Trainer:
             # Slots are created lazily; build them now so a restore fills them.
             self.optimizer.build(self.model.trainable_variables)
             # Evaluation (and so the best checkpoint) sees the EMA weights, if any.
-            self.ema = (EmaWeights(self.model, self.optimizer)
-                        if config.optimizer.get("ema_decay") and config.eval.get("use_ema", True)
+            self.ema = (EmaWeights(self.model, self.optimizer) if evaluates_ema(config)
                         else None)
             self.loss_scale = LossScale(
                 enabled=self.policy == "mixed_float16",
@@ -106,8 +105,8 @@ class Trainer:
                                    "sequence length": task.tokens_per_example}, strategy)
 
         # Keras' dropout draws from SeedGenerator variables; the Trainer sets them for
-        # each micro-batch from (seed, micro-batch number, replica), see `_reseed`. The non-trainable
-        # float variables are state the forward pass updates (BN statistics).
+        # each micro-batch from (seed, micro-batch number, replica), see `_reseed`. The
+        # non-trainable float variables are state the forward pass updates (BN statistics).
         self.seed_states = [v for v in self.model.non_trainable_variables
                             if v.path.endswith(SEED_STATE_NAME)]
         self.state_variables = [v for v in self.model.non_trainable_variables
