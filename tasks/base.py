@@ -2,6 +2,9 @@
 
 import abc
 
+import keras
+import tensorflow as tf
+
 
 class Task(abc.ABC):
     """A model, its data and its loss. Subclass it and `@register` it.
@@ -55,6 +58,16 @@ class Task(abc.ABC):
         raise NotImplementedError(
             f"{type(self).__name__} does not define serving_input(), so it cannot be "
             "exported; see BUILD.md, 'Exporting for serving'.")
+
+    def serving_outputs(self, outputs):
+        """{name: tensor} that `--mode=export` serves (floats as float32) from the model's
+        outputs: `logits` and `probabilities` (softmax) of a single output; each tensor
+        of a nest of outputs under its key or index path (`aux`, `output_1`, ...)."""
+        if tf.is_tensor(outputs):
+            return {"logits": outputs, "probabilities": tf.nn.softmax(
+                tf.cast(outputs, tf.float32))}
+        return {"_".join(str(k) if isinstance(k, str) else f"output_{k}" for k in path): t
+                for path, t in keras.tree.flatten_with_path(outputs)}
 
     def display_images(self, features):
         """A train batch's `features` as images in [0, 1] ([N, H, W, C]) for TensorBoard,

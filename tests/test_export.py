@@ -60,7 +60,7 @@ def test_a_fresh_process_serves_the_trained_models_predictions(tmp_path):
     assert str(served[cifar_dir]["name"]) == "images"
     assert str(served[lm_dir]["name"]) == "tokens"
     metadata = json.load(open(os.path.join(cifar_dir, "assets.extra/export.json")))
-    assert metadata["compute_dtype"] == "float32" and metadata["input"]["dtype"] == "uint8"
+    assert metadata["compute_dtype"] == "float32" and metadata["inputs"]["images"]["dtype"] == "uint8"
     assert metadata["training_precision"] == "mixed_bfloat16"
     # The in-memory model, at the exported weights, in float32 and in bfloat16.
     cifar.restore(metadata["checkpoint"])

@@ -14,22 +14,34 @@ import tempfile
 import tensorflow as tf
 from absl import logging
 
+from trainer.state import (LAYOUT_VERSION, SAVED_NODES, differences, layout_variable, node,
+                           saved_variables)
+
 
 class IncompatibleCheckpointError(ValueError):
     """A readable checkpoint that does not fit the model or optimizer of this run."""
 
 
+def make_checkpoint(named, **others):
+    """The `tf.train.Checkpoint` of `named` ({"model": {name: variable}, "optimizer":
+    {...}}, see trainer/state.py), the layout version and `others` (trackables)."""
+    return tf.train.Checkpoint(**{n: node(named[n]) for n in SAVED_NODES},
+                               layout=layout_variable(), **others)
+
+
 class Checkpoints:
-    """A `tf.train.CheckpointManager` of `checkpoint` in `directory`, numbered by `step`.
+    """A `tf.train.CheckpointManager` in `directory`, numbered by `step`, of the variables
+    `named` ({"model": {name: variable}, "optimizer": {...}}) and `others`.
 
     Every worker must call `save` (a save holds collectives); only the chief
     writes `directory`, the others write to a temporary directory that is
     removed at once.
     """
 
-    def __init__(self, checkpoint, directory, step, max_to_keep, is_chief):
-        self.checkpoint, self.directory, self.step, self.is_chief = (
-            checkpoint, directory, step, is_chief)
+    def __init__(self, named, others, directory, step, max_to_keep, is_chief):
+        self.named, self.directory, self.step, self.is_chief = (
+            named, directory, step, is_chief)
+        self.checkpoint = checkpoint = make_checkpoint(named, **others)
         self.manager = tf.train.CheckpointManager(
             checkpoint, directory if is_chief else tempfile.mkdtemp(),
             max_to_keep=max_to_keep, step_counter=step)
@@ -62,9 +74,9 @@ class Checkpoints:
         """Restores checkpoint `path`, or else the newest readable one; returns its path,
         or None if there is none.
 
-        Nothing is ever deleted. Raises IncompatibleCheckpointError for a
-        checkpoint that reads fine but does not fit, RuntimeError when no
-        checkpoint can be read.
+        Nothing is ever deleted. Raises IncompatibleCheckpointError, before any
+        variable is changed, for a checkpoint that reads fine but does not fit
+        (see `check_fits`), RuntimeError when no checkpoint can be read.
         """
         if path:
             paths = [path]
@@ -72,17 +84,18 @@ class Checkpoints:
             state = tf.train.get_checkpoint_state(self.directory)
             paths = list(state.all_model_checkpoint_paths) if state else []
         for remaining, path in reversed(list(enumerate(paths))):
+            damage = None
             try:
-                self.checkpoint.restore(path).assert_existing_objects_matched()
-            except Exception as e:  # noqa: BLE001  (OpError, IndexError, ValueError... by damage)
-                damage = read_error(path)
-                if damage is None:
-                    raise IncompatibleCheckpointError(
-                        f"Checkpoint {path} does not fit this run: {_first_line(e, 400)} It "
-                        "was written by a run with another model or optimizer config; the "
-                        "config of the run that wrote the workdir is in its config.json. "
-                        "Relaunch with that config to continue it, or use a new --workdir "
-                        "to start from scratch. Nothing was changed.") from e
+                saved = saved_variables(path)
+            except Exception:  # noqa: BLE001  (OpError, DecodeError... by damage)
+                damage = read_error(path) or "its object graph cannot be read."
+            if damage is None:
+                check_fits(path, self.named, *saved)
+                try:
+                    self.checkpoint.restore(path).assert_consumed()
+                except Exception as e:  # noqa: BLE001  (a value that cannot be read)
+                    damage = read_error(path) or _first_line(e, 300)
+            if damage:
                 logging.warning("Checkpoint %s is unreadable (%s)%s", path, damage,
                                 " Trying the previous one." if remaining else "")
                 continue
@@ -94,6 +107,53 @@ class Checkpoints:
                                f"{', '.join(paths)}); nothing was deleted. Move the directory "
                                "away to start from scratch.")
         return None
+
+
+def check_fits(path, named, saved, version):
+    """Raises IncompatibleCheckpointError unless every value of the `model` and
+    `optimizer` nodes of checkpoint `path` lands in a variable of `named` ({node: {name:
+    variable}}), every variable gets one, and shapes and dtypes match."""
+    if version != LAYOUT_VERSION:
+        raise IncompatibleCheckpointError(
+            f"Checkpoint {path} has the checkpoint layout {version} of tftrainer 0.1 (Keras' "
+            f"own object graph), which this version ({LAYOUT_VERSION}: every variable by "
+            "name, see BUILD.md) does not resume. Finish that run with tftrainer 0.1, or "
+            f"start a new --workdir from its weights with --config.init.checkpoint={path}. "
+            "Nothing was changed.")
+    found = {"missing": [], "unexpected": [], "mismatched": []}
+    for node in SAVED_NODES:
+        prefix = "" if node == "model" else f"{node}: "
+        for kind, lines in zip(found, differences(named[node], saved.get(node, {}))):
+            found[kind] += [prefix + line for line in lines]
+    if not any(found.values()):
+        return
+    listed = "".join(
+        f"\n  {kind} ({len(lines)}): " + "; ".join(lines[:8])
+        + (f"; ... (+{len(lines) - 8})" if len(lines) > 8 else "")
+        for kind, lines in found.items() if lines)
+    raise IncompatibleCheckpointError(
+        f"Checkpoint {path} does not fit this run (missing: in this run only; unexpected: "
+        f"in the checkpoint only):{listed}\n{_hint(found)}It was written by a run with "
+        "another model or optimizer config; the config of the run that wrote the workdir "
+        "is in its config.json. Relaunch with that config to continue it, or use a new "
+        f"--workdir to start from scratch (--config.init.checkpoint={path} starts from its "
+        "weights). Nothing was changed.")
+
+
+def _hint(found):
+    """The likely cause when the only differences are an EMA's averages."""
+    def averages(kind):
+        return [line for line in found[kind] if line.startswith("optimizer: ")
+                and line.split()[1].endswith("/average")]
+    others = sum(len(lines) for lines in found.values())
+    if averages("unexpected") and len(averages("unexpected")) == others:
+        return ("The checkpoint holds an EMA of the weights that this run does not keep: set "
+                "--config.optimizer.ema_decay to the value in config.json to resume. ")
+    if averages("missing") and len(averages("missing")) == others:
+        return ("This run keeps an EMA of the weights (optimizer.ema_decay > 0) that the "
+                "checkpoint does not hold: turning the EMA on mid-run is not supported; set "
+                "--config.optimizer.ema_decay=0 to resume. ")
+    return ""
 
 
 def read_error(path):
@@ -111,23 +171,3 @@ def _first_line(error, limit):
     lines = str(error).strip().splitlines()
     line = (lines[0] if lines else "")[:limit].rstrip(".")
     return f"{type(error).__name__}: {line}."
-
-
-def check_model_state_is_saved(model, ignore=()):
-    """Fails on model variables outside the trainable ones that a checkpoint of the model
-    would not hold: Keras 3 layers kept in a Python list (or dict) are no checkpoint
-    children of the model (their trainable variables are still saved, through the
-    optimizer's list), so their state, such as BatchNormalization's moving statistics,
-    would be silently lost on resume. `ignore`: variables the Trainer sets itself."""
-    saved = {id(obj) for obj in tf.train.TrackableView(model).descendants()}
-    skipped = {id(v) for v in ignore}
-    lost = [v.path for v in model.non_trainable_variables
-            if id(v) not in saved and id(v) not in skipped]
-    if lost:
-        raise ValueError(
-            f"{len(lost)} model variables would not be in the checkpoints: "
-            f"{', '.join(lost[:5])}{' ...' if len(lost) > 5 else ''}. Their layers are held "
-            "in a Python list or dict, which Keras 3 does not make checkpoint children of "
-            "the model. Give each such layer an attribute of its own (self.block_0 = ...) "
-            "or build the model with the functional API.")
-

@@ -1,6 +1,8 @@
 """The divergence check between compiled chunks: a run whose steps keep being
 non-finite, or whose weights are, stops before anything is saved."""
 
+import tensorflow as tf
+
 from trainer.loss_scale import all_finite
 
 
@@ -8,7 +10,8 @@ def check_finite(trainer, step):
     """Raises FloatingPointError, naming the last good checkpoint and what to try, if
     `trainer` has diverged."""
     streak = int(trainer.nonfinite_streak.numpy())
-    weights_finite = bool(all_finite(trainer.model.weights))
+    weights_finite = bool(all_finite([w for w in trainer.model.weights
+                                      if tf.as_dtype(w.dtype).is_floating]))
     if streak < trainer.max_nonfinite_steps and weights_finite:
         return
     latest = trainer.checkpoints.latest if trainer.is_chief else None

@@ -36,15 +36,16 @@ class EmaWeights:
     bitwise the raw weights; it happens between steps, never inside a save.
     """
 
-    def __init__(self, model, optimizer):
+    def __init__(self, variables, optimizer):
+        """`variables`: the trained ones, as the optimizer was built for."""
         averages = getattr(optimizer, AVERAGES, None)
-        if averages is None or len(averages) != len(model.trainable_variables):
+        if averages is None or len(averages) != len(variables):
             raise RuntimeError(
                 f"{type(optimizer).__name__} (Keras {__import__('keras').__version__}) holds "
-                f"no {AVERAGES} for the model's {len(model.trainable_variables)} trainable "
+                f"no {AVERAGES} for the model's {len(variables)} trained "
                 "variables: this Keras changed where it keeps the EMA. Install the Keras "
                 "version pinned in pyproject.toml, or set --config.optimizer.ema_decay=0.")
-        self.variables, self.averages = model.trainable_variables, averages
+        self.variables, self.averages = list(variables), averages
         # Keras creates the averages as zeros and sets them at the first applied update:
         # until then (a restore overwrites this) the average is the weights, not zeros.
         for variable, average in zip(self.variables, self.averages):

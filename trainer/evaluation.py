@@ -28,7 +28,8 @@ class Evaluation:
         outputs = as_float32(self.model(features, training=False))
         # Flattened: Keras' Mean would first average each example's per-token losses.
         self.metrics[0].update_state(tf.reshape(self.task.compute_loss(labels, outputs), [-1]))
-        self.metrics[1].update_state(tf.cast(tf.shape(labels)[0], tf.float32))
+        examples = tf.shape(tf.nest.flatten(labels)[0])[0]  # labels may be a nest
+        self.metrics[1].update_state(tf.cast(examples, tf.float32))
         self.task.update_metrics(self.metrics[2:], labels, outputs)
 
     def _loop_fn(self, dataset):

@@ -22,10 +22,11 @@ from tensorflow.io import gfile
 from trainer.actions import Action
 from trainer import best as best_lib
 from trainer.best import BestCheckpoint
-from trainer.checkpoints import read_error
+from trainer.checkpoints import check_fits, make_checkpoint, read_error
 from trainer.ema import evaluates_ema
-from trainer.optimizers import build_optimizer
+from trainer.optimizers import build_optimizer, trained_variables
 from trainer.precision import check_float32_layers
+from trainer.state import optimizer_variables, saved_variables, variable_names
 from trainer.workdir import read_json
 
 COMPUTE_DTYPES = ("float32", "training")
@@ -39,7 +40,7 @@ def choose_checkpoint(config, workdir):
         return config.export.checkpoint
     if config.trainer.best_metric:
         best = read_json(os.path.join(workdir, "best", "best.json"), "the best checkpoint")
-        if best:
+        if best and best.get("checkpoint"):  # none yet: no evaluation was finite
             return best_lib.checkpoint_path(os.path.join(workdir, "best"), best)
     latest = tf.train.latest_checkpoint(os.path.join(workdir, "checkpoints"))
     if not latest:
@@ -69,12 +70,21 @@ def export(config, task, workdir, checkpoint=None, layer_policies=None):
     checkpoint = checkpoint or choose_checkpoint(config, workdir)
     model, step, weights = _load(config, task, checkpoint, compute_dtype, layer_policies)
     directory = os.path.join(workdir, "export", str(step))
+    flat_spec = tf.nest.flatten(spec)  # one named signature input per tensor of a nest
+
+    @tf.function
+    def serve(*raw):
+        outputs = model(preprocess(tf.nest.pack_sequence_as(spec, raw)), training=False)
+        return {name: tf.cast(t, tf.float32) if t.dtype.is_floating else t
+                for name, t in task.serving_outputs(outputs).items()}
+
+    served = serve.get_concrete_function(*flat_spec).structured_outputs
     metadata = {"step": step, "checkpoint": checkpoint, "weights": weights,
                 "compute_dtype": compute_dtype,
                 "training_precision": config.precision, "task": config.task.name,
-                "input": {"name": spec.name, "dtype": spec.dtype.name,
-                          "shape": spec.shape.as_list()},
-                "outputs": {"logits": "float32", "probabilities": "float32"}}
+                "inputs": {s.name: {"dtype": s.dtype.name, "shape": s.shape.as_list()}
+                           for s in flat_spec},
+                "outputs": {name: t.dtype.name for name, t in served.items()}}
     existing = read_json(os.path.join(directory, METADATA), "an export's metadata")
     if existing == metadata:
         logging.info("%s already holds this export.", directory)
@@ -84,14 +94,9 @@ def export(config, task, workdir, checkpoint=None, layer_policies=None):
             f"{directory} holds another export of step {step} ({existing}); move it away "
             "to export again.")
 
-    @tf.function
-    def serve(raw):
-        logits = tf.cast(model(preprocess(raw), training=False), tf.float32)
-        return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
-
     archive = keras.export.ExportArchive()
     archive.track(model)
-    archive.add_endpoint("serve", serve, input_signature=[spec])  # also serving_default
+    archive.add_endpoint("serve", serve, input_signature=flat_spec)  # also serving_default
     temporary = f"{directory}.tmp-{uuid.uuid4().hex[:8]}"  # no half-written export/<step>
     absl_logger = std_logging.getLogger("absl")
     level = absl_logger.level
@@ -124,14 +129,15 @@ def _load(config, task, checkpoint, compute_dtype, layer_policies):
     elif compute_dtype == "training":
         check_float32_layers(model, tuple(config.precision_overrides.float32_layers))
     step = tf.Variable(0, dtype=tf.int64)
-    # Read as the Trainer writes it: Keras 3 layers held in a Python list (the LM's
-    # blocks) are no checkpoint children of the model, only of the optimizer, which
-    # lists every trainable variable.
-    optimizer = build_optimizer(config.optimizer, int(config.trainer.train_steps), step)
-    optimizer.build(model.trainable_variables)
+    # Read as the Trainer writes it (trainer/state.py); the optimizer holds the EMA.
+    names = variable_names(model)
+    trained = trained_variables(names, config.optimizer)
+    optimizer = build_optimizer(config.optimizer, int(config.trainer.train_steps), step,
+                                trained)
+    named = {"model": names, "optimizer": optimizer_variables(optimizer, trained)}
     try:
-        tf.train.Checkpoint(model=model, optimizer=optimizer, step=step).read(
-            checkpoint).expect_partial().assert_existing_objects_matched()
+        check_fits(checkpoint, named, *saved_variables(checkpoint))
+        make_checkpoint(named, step=step).read(checkpoint).expect_partial()
     except Exception as e:  # noqa: BLE001  (missing, damaged or another model: same advice)
         damage = read_error(checkpoint)
         raise ValueError(
@@ -142,7 +148,7 @@ def _load(config, task, checkpoint, compute_dtype, layer_policies):
             "written.") from e
     use_ema = evaluates_ema(config)
     if use_ema:
-        optimizer.finalize_variable_values(model.trainable_variables)  # Keras: EMA -> model
+        optimizer.finalize_variable_values(list(trained.values()))  # Keras: EMA -> model
     return model, int(step.numpy()), "ema" if use_ema else "raw"
 
 

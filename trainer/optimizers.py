@@ -1,8 +1,12 @@
 """Keras optimizers and learning-rate schedules from `config.optimizer`."""
 
+import re
+
 import keras
+from absl import logging
 
 from trainer.ema import check_ema_decay
+from trainer.state import matching
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
@@ -40,13 +44,40 @@ def build_learning_rate(config, train_steps, step=None):
     return schedule if step is None else lambda: schedule(step)
 
 
-def build_optimizer(config, train_steps, step=None):
-    """`config` is `config.optimizer`; `step` drives the learning rate (see above).
+def trained_variables(names, config):
+    """{name: variable} that the optimizer updates: the float trainable variables of
+    `names` ({name: variable}, trainer/state.py) but those `config.freeze` matches."""
+    frozen = set(matching(names, config.get("freeze", ()), "optimizer.freeze"))
+    if frozen:
+        logging.info("optimizer.freeze: %d variables get no updates: %s", len(frozen),
+                     ", ".join(sorted(frozen)))
+    return {n: v for n, v in names.items()
+            if v.trainable and n not in frozen and keras.backend.is_float_dtype(v.dtype)}
+
+
+def build_optimizer(config, train_steps, step=None, trained=None):
+    """`config` is `config.optimizer`; `step` drives the learning rate (see above);
+    with `trained` ({name: variable}, see `trained_variables`) the optimizer is built
+    for those variables, so its slots exist before a restore.
 
     Clipping is not set here: the Trainer clips by the global norm of the
     reduced gradients (Keras' clipnorm would clip each replica's local
-    gradients). `ema_decay` > 0 turns on Keras' EMA of the weights."""
-    lr = build_learning_rate(config, train_steps, step)
+    gradients). `ema_decay` > 0 turns on Keras' EMA of the weights. AdamW
+    does not decay the variables `weight_decay_exclude` matches."""
+    optimizer = _keras_optimizer(config, build_learning_rate(config, train_steps, step))
+    if trained is not None:
+        if config.name == "adamw":
+            patterns = tuple(config.get("weight_decay_exclude", ()))
+            excluded = [n for n in trained if any(re.fullmatch(p, n) for p in patterns)]
+            logging.info("AdamW decays %d variables, not these %d (optimizer."
+                         "weight_decay_exclude): %s", len(trained) - len(excluded),
+                         len(excluded), ", ".join(excluded))
+            optimizer.exclude_from_weight_decay(var_list=[trained[n] for n in excluded])
+        optimizer.build(list(trained.values()))
+    return optimizer
+
+
+def _keras_optimizer(config, lr):
     ema_decay = check_ema_decay(config.get("ema_decay", 0.0))
     ema = dict(use_ema=True, ema_momentum=ema_decay) if ema_decay else {}  # see trainer/ema.py
     if config.name == "adam":

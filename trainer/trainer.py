@@ -15,17 +15,18 @@ import tensorflow as tf
 from absl import logging
 
 from trainer.accumulation import accumulate, batch_micro_steps, check_accumulation_steps
-from trainer.checkpoints import Checkpoints, check_model_state_is_saved
+from trainer.checkpoints import Checkpoints
 from trainer.actions import format_metrics
 from trainer.controller import Controller, check_trainer_config
 from trainer.distribute import is_chief
 from trainer.ema import EmaWeights, evaluates_ema
 from trainer.evaluation import Evaluation, as_float32
 from trainer.loss_scale import LossScale, all_finite
-from trainer.optimizers import build_optimizer, disable_keras_all_reduce
+from trainer.optimizers import build_optimizer, disable_keras_all_reduce, trained_variables
 from trainer.numerics import Telemetry, check_numerics_every
 from trainer.precision import (advise_shapes, check_float32_layers, layers_of, policy_name,
                                use_float32_layers)
+from trainer.state import optimizer_variables, variable_names
 
 
 def _step_variable(name):
@@ -79,14 +80,17 @@ class Trainer:
 
         with strategy.scope():
             self.model = task.build_model()
+            self.variable_names = variable_names(self.model)  # {name: variable}, all of them
+            # What the optimizer updates: trainable float variables, less optimizer.freeze.
+            trained = trained_variables(self.variable_names, config.optimizer)
+            self.trained_variables = list(trained.values())
             self.step = _step_variable("global_step")
+            # Built now, not at the first apply, so that a restore fills the slots.
             self.optimizer = disable_keras_all_reduce(
-                build_optimizer(config.optimizer, self.train_steps, self.step))
-            # Slots are created lazily; build them now so a restore fills them.
-            self.optimizer.build(self.model.trainable_variables)
+                build_optimizer(config.optimizer, self.train_steps, self.step, trained))
             # Evaluation (and so the best checkpoint) sees the EMA weights, if any.
-            self.ema = (EmaWeights(self.model, self.optimizer) if evaluates_ema(config)
-                        else None)
+            self.ema = (EmaWeights(self.trained_variables, self.optimizer)
+                        if evaluates_ema(config) else None)
             self.loss_scale = LossScale(
                 enabled=self.policy == "mixed_float16",
                 dynamic=config.loss_scale.dynamic,
@@ -97,7 +101,7 @@ class Trainer:
             self.grad_norm = keras.metrics.Mean("grad_norm")
             self.evaluation = Evaluation(task, self.model, strategy)
             every = check_numerics_every(config.numerics.every)
-            self.telemetry = (Telemetry(self.model.trainable_variables,
+            self.telemetry = (Telemetry(self.trained_variables,
                                         layers_of(self.model), every) if every else None)
 
         check_float32_layers(self.model, float32_layers)
@@ -106,18 +110,23 @@ class Trainer:
 
         # Keras' dropout draws from SeedGenerator variables; the Trainer sets them for
         # each micro-batch from (seed, micro-batch number, replica), see `_reseed`. The
-        # non-trainable float variables are state the forward pass updates (BN statistics).
+        # other non-trainable variables are state the forward pass may update: float ones
+        # (BN statistics) are averaged over replicas, others (counters, flags) take the
+        # first replica's value.
         self.seed_states = [v for v in self.model.non_trainable_variables
                             if v.path.endswith(SEED_STATE_NAME)]
-        self.state_variables = [v for v in self.model.non_trainable_variables
-                                if tf.as_dtype(v.dtype).is_floating]
-        check_model_state_is_saved(self.model, ignore=self.seed_states)
+        state = [v for v in self.model.non_trainable_variables
+                 if not v.path.endswith(SEED_STATE_NAME)]
+        self.state_variables = [v for v in state if tf.as_dtype(v.dtype).is_floating]
+        self.exact_state_variables = [v for v in state if not tf.as_dtype(v.dtype).is_floating]
+        self.has_gradient = None  # per trained variable, known once the step is traced
         self.max_nonfinite_steps = int(config.trainer.max_nonfinite_steps or (
             100 if self.loss_scale.enabled else 1))
         self.is_chief = is_chief(strategy)
         self.checkpoints = Checkpoints(
-            tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
-                                loss_scale=self.loss_scale, step=self.step),
+            {"model": self.variable_names,
+             "optimizer": optimizer_variables(self.optimizer, trained)},
+            dict(loss_scale=self.loss_scale, step=self.step),
             os.path.join(workdir, "checkpoints"), self.step, config.trainer.max_to_keep,
             self.is_chief)
         self._compute_gradients = tf.function(
@@ -146,11 +155,14 @@ class Trainer:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(
                     [tf.cast(l, tf.float32) for l in self.model.losses])) / self.accumulation_steps
             scaled_loss = self.loss_scale.get_scaled_loss(loss)
-        grads = tape.gradient(scaled_loss, self.model.trainable_variables)
+        grads = tape.gradient(scaled_loss, self.trained_variables)
+        self._note_missing_gradients(grads)
         # Sparse gradients (embedding lookups) become dense float32: all_reduce would
         # concatenate IndexedSlices instead of summing them, and the global norm of a
-        # concatenation with duplicate indices is not the norm of the sum.
-        grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
+        # concatenation with duplicate indices is not the norm of the sum. A missing
+        # one is zeros here, and left out of the all-reduce and the update (`train_step`).
+        grads = [tf.zeros(v.shape) if g is None else tf.cast(tf.convert_to_tensor(g), tf.float32)
+                 for g, v in zip(grads, self.trained_variables)]
         activations = (self.telemetry.activations.statistics(layer_outputs, record_activations)
                        if self.telemetry else tf.zeros([0, 3]))
         return outputs, loss, grads, activations
@@ -167,36 +179,37 @@ class Trainer:
         """One optimizer step on one replica (run under `strategy.run`); returns the
         step's global loss and gradient norm, the same on every replica."""
         replica = tf.distribute.get_replica_context()
-        state_before = [tf.identity(v.value) for v in self.state_variables]
+        state = self.state_variables + self.exact_state_variables
+        state_before = [tf.identity(v.value) for v in state]
         record = self.telemetry.due(self.step + 1) if self.telemetry else tf.constant(False)
         if self.accumulation_steps == 1:
             loss, scaled_grads, activations = self._micro_batch(features, labels, 0, record)
         else:  # features are [accumulation_steps, micro-batch, ...]: no all-reduce in there
-            zeros = (tf.zeros([]), [tf.zeros(v.shape) for v in self.model.trainable_variables],
+            zeros = (tf.zeros([]), [tf.zeros(v.shape) for v in self.trained_variables],
                      tf.zeros([self.telemetry.activations.rows if self.telemetry else 0, 3]))
             loss, scaled_grads, activations = accumulate(
                 self._micro_batch, features, labels, self.accumulation_steps, record, zeros)
+        # Variables the loss does not reach (an unused head, a branch not taken) have no
+        # gradient: they stay out of the all-reduce, the norm and the update.
+        scaled_grads = [g for g, has in zip(scaled_grads, self.has_gradient) if has]
         # The step's one all-reduce: the gradients, and the loss along with them.
         *scaled_grads, loss = replica.all_reduce(tf.distribute.ReduceOp.SUM,
                                                  scaled_grads + [loss])
-        # The state the forward pass updated on each replica from its own examples
-        # (BN statistics) is averaged, so every replica keeps the same values.
-        state_mean = replica.all_reduce(
-            tf.distribute.ReduceOp.MEAN, [tf.identity(v.value) for v in self.state_variables]
-        ) if self.state_variables else []
+        state_after = self._synchronized_state(replica)
         # After the all-reduce every replica holds the same values, so the
         # finiteness decision below is the same everywhere.
         grads = self.loss_scale.get_unscaled_gradients(scaled_grads)
         finite = all_finite(grads)
-        for v, before, mean in zip(self.state_variables, state_before, state_mean):
-            v.assign(tf.where(finite, mean, before))  # a skipped step changes no state
+        for v, before, after in zip(state, state_before, state_after):
+            v.assign(tf.where(finite, after, before))  # a skipped step changes no state
         unclipped = grads  # what telemetry reports
         grad_norm = tf.linalg.global_norm(grads)
         if self.clip_norm:
             grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=grad_norm)
         replica.merge_call(self._apply_if_finite, args=(
             grads, finite,
-            (unclipped, scaled_grads, activations[tf.newaxis]) if self.telemetry else None))
+            (self._with_missing(unclipped), self._with_missing(scaled_grads),
+             activations[tf.newaxis]) if self.telemetry else None))
 
         # The Mean over replicas of the (equal) global loss is the global loss.
         self.train_metrics[0].update_state(loss)
@@ -204,6 +217,40 @@ class Trainer:
         self.grad_norm.update_state(tf.where(finite, grad_norm, 0.0),
                                     sample_weight=tf.cast(finite, tf.float32))
         return loss, grad_norm
+
+    def _note_missing_gradients(self, grads):
+        """Records (when the step is traced) which trained variables get no gradient, and
+        names them once."""
+        has_gradient = [g is not None for g in grads]
+        if has_gradient != self.has_gradient and not all(has_gradient):
+            names = [n for n, v in self.variable_names.items()
+                     if any(v is w for w, has in zip(self.trained_variables, has_gradient)
+                            if not has)]
+            logging.warning("%d trainable variables get no gradient from the loss and are not "
+                            "updated (an unused output or branch?): %s", len(names),
+                            ", ".join(names))
+        self.has_gradient = has_gradient
+
+    def _with_missing(self, grads):
+        """Per trained variable: `grads` where there is one, zeros where it has none."""
+        grads = iter(grads)
+        return [next(grads) if has else tf.zeros(v.shape)
+                for v, has in zip(self.trained_variables, self.has_gradient)]
+
+    def _synchronized_state(self, replica):
+        """The model state after this replica's forward pass, made the same on every
+        replica: float state (BN statistics) averaged, other state (counters, flags)
+        taken from the first replica, in int64 (no float math on it)."""
+        state = (replica.all_reduce(tf.distribute.ReduceOp.MEAN,
+                                    [tf.identity(v.value) for v in self.state_variables])
+                 if self.state_variables else [])
+        if not self.exact_state_variables:
+            return state
+        first = tf.equal(replica.replica_id_in_sync_group, 0)
+        values = [tf.cast(v.value, tf.int64) for v in self.exact_state_variables]
+        summed = replica.all_reduce(tf.distribute.ReduceOp.SUM,
+                                    [tf.where(first, x, tf.zeros_like(x)) for x in values])
+        return state + [tf.cast(x, v.dtype) for x, v in zip(summed, self.exact_state_variables)]
 
     def _reseed(self, micro_batch):
         """Sets every dropout SeedGenerator from (config.seed, micro-batch, replica).
@@ -229,10 +276,11 @@ class Trainer:
         """
         finite = tf.reduce_all(strategy.experimental_local_results(finite))
 
+        updated = [v for v, has in zip(self.trained_variables, self.has_gradient) if has]
+
         def apply():
             strategy.extended.call_for_each_replica(
-                lambda g: self.optimizer.apply(g, self.model.trainable_variables),
-                args=(grads,))
+                lambda g: self.optimizer.apply(g, updated), args=(grads,))
             return tf.constant(True)
 
         tf.cond(finite, apply, lambda: tf.constant(False))
