@@ -6,6 +6,7 @@ python launch.py --config=configs/cifar.py --workdir=runs/cifar
 import ml_collections
 
 TRAIN_EXAMPLES = 50_000
+WEIGHT_DECAY_EXCLUDE = (r".*/bias", r".*/(gamma|beta)", r".*/embeddings")
 
 
 def get_config():
@@ -45,7 +46,13 @@ def get_config():
         clip_norm=0.0,             # > 0: clip by the global norm of the reduced gradients
         ema_decay=0.0,             # > 0 (e.g. 0.999): keep an EMA of the weights (eval.use_ema)
         weight_decay=1e-4,         # adamw only
+        # adamw: variables not decayed (regexes over variable names, see BUILD.md,
+        # "Checkpoints"): biases, normalization scales and offsets, embeddings
+        weight_decay_exclude=WEIGHT_DECAY_EXCLUDE,
+        freeze=(),                 # regexes over variable names: no updates, no slots
         momentum=0.9, nesterov=True))  # sgd only
+
+    c.init = init_config()
 
     c.loss_scale = ml_collections.ConfigDict(dict(
         dynamic=True, initial_scale=2.0**15, growth_steps=2000))  # mixed_float16 only
@@ -96,3 +103,17 @@ def get_config():
     c.export = ml_collections.ConfigDict(dict(enabled=False, checkpoint="",
                                               compute_dtype="float32"))
     return c
+
+
+def init_config():
+    """Warm start (fine-tuning), applied at step 0 only, never over a resume.
+
+    checkpoint: a run's workdir or checkpoint (ckpt-N), a Keras .weights.h5 (of this
+    task's architecture) or .keras file; "" starts from the model's initializers.
+    include / exclude: regexes over this model's variable names (whole names).
+    rename: ((regex, replacement), ...) applied in turn (re.sub) to the source's names.
+    strict: an included variable the source lacks, or holds in another shape, is an
+    error (False: it keeps its initial value, and the table says so).
+    """
+    return ml_collections.ConfigDict(dict(checkpoint="", include=(".*",), exclude=(),
+                                          rename=(), strict=True))

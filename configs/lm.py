@@ -6,6 +6,8 @@ python launch.py --config=configs/lm.py --workdir=runs/lm --mode=sample --config
 
 import ml_collections
 
+from configs.cifar import WEIGHT_DECAY_EXCLUDE, init_config
+
 
 def get_config():
     c = ml_collections.ConfigDict()
@@ -25,7 +27,9 @@ def get_config():
     c.optimizer = ml_collections.ConfigDict(dict(
         name="adamw", learning_rate=2e-3, schedule="cosine", warmup_steps=200,
         clip_norm=1.0, weight_decay=0.1, momentum=0.9, nesterov=True,
+        weight_decay_exclude=WEIGHT_DECAY_EXCLUDE, freeze=(),
         ema_decay=0.0))  # see cifar.py
+    c.init = init_config()  # warm start, see configs/cifar.py
     c.loss_scale = ml_collections.ConfigDict(dict(
         dynamic=True, initial_scale=2.0**15, growth_steps=2000))
     c.distribution = ml_collections.ConfigDict(dict(

@@ -137,7 +137,7 @@ class Controller:
         """
         trainer = self.trainer
         self.started = time.monotonic()
-        trainer.restore()
+        trainer.restore_or_warm_start()
         self.step = self.start_step = int(trainer.step.numpy())
         iterator = iter(trainer.distributed_dataset("train"))  # bad data fails before any write
         for action in self.actions:

@@ -46,11 +46,14 @@ class EmaWeights:
                 "variables: this Keras changed where it keeps the EMA. Install the Keras "
                 "version pinned in pyproject.toml, or set --config.optimizer.ema_decay=0.")
         self.variables, self.averages = list(variables), averages
-        # Keras creates the averages as zeros and sets them at the first applied update:
-        # until then (a restore overwrites this) the average is the weights, not zeros.
+        self.start_from_weights()
+        self._swap = tf.function(self._swap_values)
+
+    def start_from_weights(self):
+        """Keras creates the averages as zeros and sets them at the first applied update:
+        until then (a restore overwrites this) the average is the weights, not zeros."""
         for variable, average in zip(self.variables, self.averages):
             average.assign(variable)
-        self._swap = tf.function(self._swap_values)
 
     def _swap_values(self):
         for variable, average in zip(self.variables, self.averages):

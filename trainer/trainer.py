@@ -27,6 +27,8 @@ from trainer.numerics import Telemetry, check_numerics_every
 from trainer.precision import (advise_shapes, check_float32_layers, layers_of, policy_name,
                                use_float32_layers)
 from trainer.state import optimizer_variables, variable_names
+from trainer.warm_start import warm_start
+from trainer.workdir import ChiefFiles
 
 
 def _step_variable(name):
@@ -343,6 +345,16 @@ class Trainer:
             message = self.loss_scale.after_restore(self.policy)
             if message:
                 logging.info("%s", message)
+        return path
+
+    def restore_or_warm_start(self):
+        """Restores the newest checkpoint of the workdir; in a workdir without one, loads
+        `config.init` (fine-tuning, trainer/warm_start.py). Returns the restored path."""
+        path = self.restore()
+        if path is None and warm_start(self.config, self.variable_names, self.task.build_model,
+                                       ChiefFiles(self.is_chief), self.workdir):
+            if self.ema:
+                self.ema.start_from_weights()
         return path
 
     @property

@@ -1,0 +1,65 @@
+"""Models as users bring them (tests/zoo.py), on 2 replicas under mixed_bfloat16: each
+trains, resumes bitwise, exports and serves, and refuses a checkpoint of a variant."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import zoo  # noqa: F401  (registers the task)
+from conftest import build, two_replicas
+from trainer.checkpoints import IncompatibleCheckpointError
+from trainer.export import export
+
+
+def state(trainer):
+    """Every checkpointed value of the run, by name: model and optimizer."""
+    return {f"{node}:{name}": v.numpy() for node, named in trainer.checkpoints.named.items()
+            for name, v in named.items() if not name.endswith("seed_generator_state")}
+
+
+@pytest.mark.parametrize("name", sorted(zoo.MODELS))
+def test_a_model_trains_resumes_exports_and_refuses_its_variant(tmp_path, name, caplog):
+    caplog.set_level("INFO")
+    strategy = two_replicas()
+    config = zoo.zoo_config(name, precision="mixed_bfloat16")
+    whole = build(config, tmp_path / "whole", strategy)
+    whole.train(evaluate=True)
+    assert int(whole.step.numpy()) == 4
+
+    # Resume from the step-2 checkpoint of the same run: bitwise the same at step 4.
+    resumed = build(config, tmp_path / "whole", strategy)
+    assert resumed.restore(str(tmp_path / "whole" / "checkpoints" / "ckpt-2"))
+    resumed.train_loop(iter(resumed.distributed_dataset("train")), tf.constant(2, tf.int64))
+    expected, got = state(whole), state(resumed)
+    assert expected.keys() == got.keys() and len(got) > 4
+    for key in expected:
+        np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+
+    if name == "aux_head":  # its aux head gets no gradient: named once, left as built
+        assert any("get no gradient" in r.getMessage() and "aux/kernel" in r.getMessage()
+                   for r in caplog.records)
+    if name == "counter":  # 4 steps x 4 examples per replica, the same on both replicas
+        counter = whole.model.get_layer("counter")
+        counts = [int(c) for c in strategy.experimental_local_results(counter.count.value)]
+        assert counts == [16, 16] and bool(counter.seen.numpy())
+    if name == "lists":  # the BN statistics of the dict-held norms are in the checkpoint
+        assert any("norms" not in n and "moving_mean" in n
+                   for n in whole.checkpoints.named["model"])
+
+    directory = export(config, whole.task, str(tmp_path / "whole"))
+    serve = tf.saved_model.load(directory).signatures["serving_default"]
+    features, _ = next(iter(whole.task.build_inputs("eval", tf.distribute.InputContext(), 0)))
+    inputs = features if isinstance(features, dict) else {"image": features}
+    served = serve(**inputs)
+    outputs = whole.model(features, training=False)
+    first = outputs[0] if isinstance(outputs, list) else outputs
+    key = "output_0" if isinstance(outputs, list) else "logits"
+    np.testing.assert_allclose(served[key].numpy(), tf.cast(first, tf.float32).numpy(),
+                               atol=0.1)  # served in float32, trained in bfloat16
+
+    variant = build(zoo.zoo_config(name, precision="mixed_bfloat16", **{"model.variant": 1}),
+                    tmp_path / "whole", strategy)
+    with pytest.raises(IncompatibleCheckpointError, match=r"does not fit this run"):
+        variant.restore()
+    np.testing.assert_array_equal(  # nothing changed before the refusal
+        variant.step.numpy(), 0)
