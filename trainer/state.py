@@ -143,9 +143,8 @@ def differences(expected, saved):
                if n not in saved]
     unexpected = [f"{n} {describe(s, d)}" for n, (_, s, d) in saved.items()
                   if n not in expected]
-    mismatched = [f"{n}: checkpoint {describe(s, d)}, this run "
-                  f"{describe(expected[n].shape, expected[n].dtype)}"
-                  for n, (_, s, d) in saved.items() if n in expected
-                  and (tuple(s) != tuple(expected[n].shape)
-                       or tf.as_dtype(d) != tf.as_dtype(expected[n].dtype))]
+    mismatched = [f"{n}: checkpoint {describe(s, d)}, this run {describe(v.shape, v.dtype)}"
+                  for n, v in expected.items() if n in saved
+                  for _, s, d in [saved[n]]
+                  if tuple(s) != tuple(v.shape) or tf.as_dtype(d) != tf.as_dtype(v.dtype)]
     return missing, unexpected, mismatched

@@ -61,8 +61,8 @@ def _legacy_values(path, build_model):
     """A tftrainer 0.1 checkpoint (Keras' object graph) read into `build_model()`: its
     layers held in lists were saved only through the optimizer's variable list."""
     model = build_model()
-    optimizer = keras.optimizers.SGD()
-    optimizer.build(model.trainable_variables)
+    optimizer = keras.optimizers.SGD(lambda: 0.0)  # a callable rate: no variable of its own
+    optimizer.build(model.trainable_variables)  # its variable list, as 0.1 saved it
     tf.train.Checkpoint(model=model, optimizer=optimizer).read(path).expect_partial()
     return _values(model)
 
