@@ -65,3 +65,23 @@ def test_a_model_trains_resumes_exports_and_refuses_its_variant(tmp_path, name, 
         variant.restore()
     np.testing.assert_array_equal(  # nothing changed before the refusal
         variant.step.numpy(), 0)
+
+
+def test_nested_inputs_and_outputs_in_precision_check_and_telemetry(tmp_path):
+    """Dict inputs, an unused aux output (no gradient): the precision check compares the
+    trained layers, telemetry records every layer."""
+    import tasks
+    from trainer.precision_check import precision_check
+
+    for name in ("dict_inputs", "aux_head"):
+        config = zoo.zoo_config(name, precision="mixed_bfloat16",
+                                **{"numerics.check_steps": 2})
+        report = precision_check(config, tf.distribute.get_strategy(),
+                                 str(tmp_path / name), tasks.get_task)
+        assert len(report["loss"]["float32"]) == 2 and report["layers"]["step 2"]
+        assert not any(layer.startswith("aux") for layer in report["layers"]["step 2"])
+    trainer = build(zoo.zoo_config("dict_inputs", **{"numerics.every": 1,
+                                                     "trainer.train_steps": 2}),
+                    tmp_path / "telemetry")
+    trainer.train(evaluate=False)
+    assert (tmp_path / "telemetry" / "numerics.json").exists()
