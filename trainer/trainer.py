@@ -27,6 +27,7 @@ from trainer.numerics import Telemetry, check_numerics_every
 from trainer.precision import (advise_shapes, check_float32_layers, layers_of, policy_name,
                                use_float32_layers)
 from trainer.state import optimizer_variables, variable_names
+from trainer.step_variables import StepVariables
 from trainer.warm_start import warm_start
 from trainer.workdir import ChiefFiles
 
@@ -36,9 +37,6 @@ def _step_variable(name):
     return tf.Variable(0, dtype=tf.int64, name=name, trainable=False,
                        synchronization=tf.VariableSynchronization.ON_WRITE,
                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-
-
-SEED_STATE_NAME = "seed_generator_state"  # what keras.random.SeedGenerator names its state
 
 
 class Trainer:
@@ -85,7 +83,9 @@ class Trainer:
             self.variable_names = variable_names(self.model)  # {name: variable}, all of them
             # What the optimizer updates: trainable float variables, less optimizer.freeze.
             trained = trained_variables(self.variable_names, config.optimizer)
-            self.trained_variables = list(trained.values())
+            # Their roles in the step: trained (with or without a gradient), seeds, state.
+            self.variables = StepVariables(self.variable_names, trained)
+            self.trained_variables = self.variables.trained
             self.step = _step_variable("global_step")
             # Built now, not at the first apply, so that a restore fills the slots.
             self.optimizer = disable_keras_all_reduce(
@@ -110,18 +110,6 @@ class Trainer:
         advise_shapes(self.model, {"per-replica batch": self.global_batch_size // replicas,
                                    "sequence length": task.tokens_per_example}, strategy)
 
-        # Keras' dropout draws from SeedGenerator variables; the Trainer sets them for
-        # each micro-batch from (seed, micro-batch number, replica), see `_reseed`. The
-        # other non-trainable variables are state the forward pass may update: float ones
-        # (BN statistics) are averaged over replicas, others (counters, flags) take the
-        # first replica's value.
-        self.seed_states = [v for v in self.model.non_trainable_variables
-                            if v.path.endswith(SEED_STATE_NAME)]
-        state = [v for v in self.model.non_trainable_variables
-                 if not v.path.endswith(SEED_STATE_NAME)]
-        self.state_variables = [v for v in state if tf.as_dtype(v.dtype).is_floating]
-        self.exact_state_variables = [v for v in state if not tf.as_dtype(v.dtype).is_floating]
-        self.has_gradient = None  # per trained variable, known once the step is traced
         self.max_nonfinite_steps = int(config.trainer.max_nonfinite_steps or (
             100 if self.loss_scale.enabled else 1))
         self.is_chief = is_chief(strategy)
@@ -158,7 +146,7 @@ class Trainer:
                     [tf.cast(l, tf.float32) for l in self.model.losses])) / self.accumulation_steps
             scaled_loss = self.loss_scale.get_scaled_loss(loss)
         grads = tape.gradient(scaled_loss, self.trained_variables)
-        self._note_missing_gradients(grads)
+        self.variables.note_gradients(grads)
         # Sparse gradients (embedding lookups) become dense float32: all_reduce would
         # concatenate IndexedSlices instead of summing them, and the global norm of a
         # concatenation with duplicate indices is not the norm of the sum. A missing
@@ -181,8 +169,7 @@ class Trainer:
         """One optimizer step on one replica (run under `strategy.run`); returns the
         step's global loss and gradient norm, the same on every replica."""
         replica = tf.distribute.get_replica_context()
-        state = self.state_variables + self.exact_state_variables
-        state_before = [tf.identity(v.value) for v in state]
+        state_before = self.variables.snapshot()
         record = self.telemetry.due(self.step + 1) if self.telemetry else tf.constant(False)
         if self.accumulation_steps == 1:
             loss, scaled_grads, activations = self._micro_batch(features, labels, 0, record)
@@ -193,24 +180,24 @@ class Trainer:
                 self._micro_batch, features, labels, self.accumulation_steps, record, zeros)
         # Variables the loss does not reach (an unused head, a branch not taken) have no
         # gradient: they stay out of the all-reduce, the norm and the update.
-        scaled_grads = [g for g, has in zip(scaled_grads, self.has_gradient) if has]
+        scaled_grads = self.variables.with_gradient(scaled_grads)
         # The step's one all-reduce: the gradients, and the loss along with them.
         *scaled_grads, loss = replica.all_reduce(tf.distribute.ReduceOp.SUM,
                                                  scaled_grads + [loss])
-        state_after = self._synchronized_state(replica)
+        # The state the forward pass updated on each replica is made the same on all.
+        state_after = self.variables.synchronized(replica)
         # After the all-reduce every replica holds the same values, so the
         # finiteness decision below is the same everywhere.
         grads = self.loss_scale.get_unscaled_gradients(scaled_grads)
         finite = all_finite(grads)
-        for v, before, after in zip(state, state_before, state_after):
-            v.assign(tf.where(finite, after, before))  # a skipped step changes no state
+        self.variables.keep_if(finite, state_after, state_before)  # skipped: no change
         unclipped = grads  # what telemetry reports
         grad_norm = tf.linalg.global_norm(grads)
         if self.clip_norm:
             grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=grad_norm)
         replica.merge_call(self._apply_if_finite, args=(
             grads, finite,
-            (self._with_missing(unclipped), self._with_missing(scaled_grads),
+            (self.variables.with_missing(unclipped), self.variables.with_missing(scaled_grads),
              activations[tf.newaxis]) if self.telemetry else None))
 
         # The Mean over replicas of the (equal) global loss is the global loss.
@@ -219,40 +206,6 @@ class Trainer:
         self.grad_norm.update_state(tf.where(finite, grad_norm, 0.0),
                                     sample_weight=tf.cast(finite, tf.float32))
         return loss, grad_norm
-
-    def _note_missing_gradients(self, grads):
-        """Records (when the step is traced) which trained variables get no gradient, and
-        names them once."""
-        has_gradient = [g is not None for g in grads]
-        if has_gradient != self.has_gradient and not all(has_gradient):
-            names = [n for n, v in self.variable_names.items()
-                     if any(v is w for w, has in zip(self.trained_variables, has_gradient)
-                            if not has)]
-            logging.warning("%d trainable variables get no gradient from the loss and are not "
-                            "updated (an unused output or branch?): %s", len(names),
-                            ", ".join(names))
-        self.has_gradient = has_gradient
-
-    def _with_missing(self, grads):
-        """Per trained variable: `grads` where there is one, zeros where it has none."""
-        grads = iter(grads)
-        return [next(grads) if has else tf.zeros(v.shape)
-                for v, has in zip(self.trained_variables, self.has_gradient)]
-
-    def _synchronized_state(self, replica):
-        """The model state after this replica's forward pass, made the same on every
-        replica: float state (BN statistics) averaged, other state (counters, flags)
-        taken from the first replica, in int64 (no float math on it)."""
-        state = (replica.all_reduce(tf.distribute.ReduceOp.MEAN,
-                                    [tf.identity(v.value) for v in self.state_variables])
-                 if self.state_variables else [])
-        if not self.exact_state_variables:
-            return state
-        first = tf.equal(replica.replica_id_in_sync_group, 0)
-        values = [tf.cast(v.value, tf.int64) for v in self.exact_state_variables]
-        summed = replica.all_reduce(tf.distribute.ReduceOp.SUM,
-                                    [tf.where(first, x, tf.zeros_like(x)) for x in values])
-        return state + [tf.cast(x, v.dtype) for x, v in zip(summed, self.exact_state_variables)]
 
     def _reseed(self, micro_batch):
         """Sets every dropout SeedGenerator from (config.seed, micro-batch, replica).
@@ -263,7 +216,7 @@ class Trainer:
         micro-batches draw distinct masks.
         """
         replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
-        for i, state in enumerate(self.seed_states):
+        for i, state in enumerate(self.variables.seeds):
             seed = tf.constant([self.config.seed, i], tf.int64)
             seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(replica_id, tf.int64))
             seed = tf.random.experimental.stateless_fold_in(seed, micro_batch)
@@ -278,7 +231,7 @@ class Trainer:
         """
         finite = tf.reduce_all(strategy.experimental_local_results(finite))
 
-        updated = [v for v, has in zip(self.trained_variables, self.has_gradient) if has]
+        updated = self.variables.updated
 
         def apply():
             strategy.extended.call_for_each_replica(
