@@ -5,8 +5,9 @@ python launch.py --config=configs/cifar.py --workdir=runs/cifar
 
 import ml_collections
 
+from trainer.optimizers import WEIGHT_DECAY_EXCLUDE
+
 TRAIN_EXAMPLES = 50_000
-WEIGHT_DECAY_EXCLUDE = (r".*/bias", r".*/(gamma|beta)", r".*/embeddings")
 
 
 def get_config():

@@ -6,7 +6,8 @@ python launch.py --config=configs/lm.py --workdir=runs/lm --mode=sample --config
 
 import ml_collections
 
-from configs.cifar import WEIGHT_DECAY_EXCLUDE, init_config
+from configs.cifar import init_config
+from trainer.optimizers import WEIGHT_DECAY_EXCLUDE
 
 
 def get_config():

@@ -44,6 +44,8 @@ def test_a_model_trains_resumes_exports_and_refuses_its_variant(tmp_path, name, 
         counter = whole.model.get_layer("counter")
         counts = [int(c) for c in strategy.experimental_local_results(counter.count.value)]
         assert counts == [16, 16] and bool(counter.seen.numpy())
+    if name == "frozen_backbone":  # constants: not averaged over replicas at every step
+        assert not whole.variables.averaged and not whole.variables.from_first_replica
     if name == "lists":  # the BN statistics of the dict-held norms are in the checkpoint
         assert any("norms" not in n and "moving_mean" in n
                    for n in whole.checkpoints.named["model"])

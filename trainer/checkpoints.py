@@ -14,8 +14,8 @@ import tempfile
 import tensorflow as tf
 from absl import logging
 
-from trainer.state import (LAYOUT_VERSION, SAVED_NODES, differences, layout_variable, node,
-                           saved_variables)
+from trainer.state import (LAYOUT_VERSION, SAVED_NODES, checkpoint_reader, differences,
+                           layout_variable, node, saved_variables)
 
 
 class IncompatibleCheckpointError(ValueError):
@@ -94,7 +94,12 @@ class Checkpoints:
                 try:
                     self.checkpoint.restore(path).assert_consumed()
                 except Exception as e:  # noqa: BLE001  (a value that cannot be read)
-                    damage = read_error(path) or _first_line(e, 300)
+                    damage = read_error(path)
+                    if damage is None:  # readable: something beside model and optimizer
+                        raise IncompatibleCheckpointError(
+                            f"Checkpoint {path} does not fit this run: {_first_line(e, 400)} "
+                            "Relaunch with the config in the workdir's config.json, or use a "
+                            "new --workdir.") from e
             if damage:
                 logging.warning("Checkpoint %s is unreadable (%s)%s", path, damage,
                                 " Trying the previous one." if remaining else "")
@@ -159,7 +164,7 @@ def _hint(found):
 def read_error(path):
     """Why the files of checkpoint `path` cannot be read, or None if every tensor reads."""
     try:
-        reader = tf.train.load_checkpoint(path)
+        reader = checkpoint_reader(path)
         for name in reader.get_variable_to_shape_map():
             reader.get_tensor(name)
     except Exception as e:  # noqa: BLE001  (the reader raises many types on damage)

@@ -22,7 +22,8 @@ from tensorflow.io import gfile
 from trainer.actions import Action
 from trainer import best as best_lib
 from trainer.best import BestCheckpoint
-from trainer.checkpoints import check_fits, make_checkpoint, read_error
+from trainer.checkpoints import (IncompatibleCheckpointError, check_fits, make_checkpoint,
+                                 read_error)
 from trainer.ema import evaluates_ema
 from trainer.optimizers import build_optimizer, trained_variables
 from trainer.precision import check_float32_layers
@@ -138,7 +139,10 @@ def _load(config, task, checkpoint, compute_dtype, layer_policies):
     try:
         check_fits(checkpoint, named, *saved_variables(checkpoint))
         make_checkpoint(named, step=step).read(checkpoint).expect_partial()
-    except Exception as e:  # noqa: BLE001  (missing, damaged or another model: same advice)
+    except IncompatibleCheckpointError as e:  # its lists of what differs, whole
+        raise ValueError(f"Cannot export: {e} Name a checkpoint of this config with "
+                         "--config.export.checkpoint=PATH/ckpt-N; nothing was written.") from e
+    except Exception as e:  # noqa: BLE001  (missing or damaged: same advice)
         damage = read_error(checkpoint)
         raise ValueError(
             f"Cannot export checkpoint {checkpoint}: "
@@ -164,7 +168,8 @@ class Export(Action):
         best = next((a for a in controller.actions
                      if isinstance(a, BestCheckpoint) and a.record), None)
         checkpoint = (trainer.config.export.checkpoint
-                      or (best and best_lib.checkpoint_path(best.directory, best.record))
+                      or (best and best.record.get("checkpoint")
+                          and best_lib.checkpoint_path(best.directory, best.record))
                       or trainer.checkpoints.latest)
         export(trainer.config, trainer.task, trainer.workdir, checkpoint,
                layer_policies=[layer.dtype_policy for layer in

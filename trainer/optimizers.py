@@ -9,6 +9,9 @@ from trainer.ema import check_ema_decay
 from trainer.state import matching
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
+# What AdamW does not decay unless optimizer.weight_decay_exclude says otherwise: biases,
+# normalization scales and offsets (Keras names them gamma and beta), embeddings.
+WEIGHT_DECAY_EXCLUDE = (r".*/bias", r".*/(gamma|beta)", r".*/embeddings")
 SCHEDULES = ("constant", "cosine")
 # The one private Keras hook the Trainer touches (see `disable_keras_all_reduce`).
 ALL_REDUCE_HOOK = "_all_reduce_sum_gradients"
@@ -47,12 +50,14 @@ def build_learning_rate(config, train_steps, step=None):
 def trained_variables(names, config):
     """{name: variable} that the optimizer updates: the float trainable variables of
     `names` ({name: variable}, trainer/state.py) but those `config.freeze` matches."""
-    frozen = set(matching(names, config.get("freeze", ()), "optimizer.freeze"))
+    trainable = {n: v for n, v in names.items()
+                 if v.trainable and keras.backend.is_float_dtype(v.dtype)}
+    frozen = set(matching(trainable, config.get("freeze", ()),
+                          "optimizer.freeze (over trainable variables)"))
     if frozen:
         logging.info("optimizer.freeze: %d variables get no updates: %s", len(frozen),
                      ", ".join(sorted(frozen)))
-    return {n: v for n, v in names.items()
-            if v.trainable and n not in frozen and keras.backend.is_float_dtype(v.dtype)}
+    return {n: v for n, v in trainable.items() if n not in frozen}
 
 
 def build_optimizer(config, train_steps, step=None, trained=None):
@@ -67,7 +72,7 @@ def build_optimizer(config, train_steps, step=None, trained=None):
     optimizer = _keras_optimizer(config, build_learning_rate(config, train_steps, step))
     if trained is not None:
         if config.name == "adamw":
-            patterns = tuple(config.get("weight_decay_exclude", ()))
+            patterns = tuple(config.get("weight_decay_exclude", WEIGHT_DECAY_EXCLUDE))
             excluded = [n for n in trained if any(re.fullmatch(p, n) for p in patterns)]
             logging.info("AdamW decays %d variables, not these %d (optimizer."
                          "weight_decay_exclude): %s", len(trained) - len(excluded),

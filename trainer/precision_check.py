@@ -92,7 +92,8 @@ def _gradients(trainer, batch):
     unscaled = trainer.loss_scale.get_unscaled_gradients(
         [tf.convert_to_tensor(g) for g in scaled])
     by_layer = {}
-    for v, u, s in zip(trainer.trained_variables, unscaled, scaled):
+    for v, u, s in trainer.variables.with_gradient(  # none for an unused output's layers
+            list(zip(trainer.trained_variables, unscaled, scaled))):
         layer = v.path.rsplit("/", 1)[0]
         pair = by_layer.setdefault(layer, ([], []))
         pair[0].append(np.ravel(u.numpy()))

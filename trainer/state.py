@@ -59,7 +59,20 @@ def variable_names(model):
                 f"Two variables of the model are both named {name!r} ({variable.path}): give "
                 "their layers distinct names (name=...), so a checkpoint can tell them apart.")
         names[name] = variable
+    _check_nothing_unlisted(model)
     return names
+
+
+def _check_nothing_unlisted(model):
+    """Fails on raw `tf.Variable`s held by the model's layers: Keras 3 does not list them
+    in `model.variables`, so no checkpoint would hold them."""
+    unlisted = [v.name for v in tf.train.TrackableView(model).descendants()
+                if isinstance(v, tf.Variable)]
+    if unlisted:
+        raise ValueError(
+            f"The model holds {len(unlisted)} tf.Variable(s) that Keras does not list in "
+            f"model.variables ({', '.join(unlisted[:5])}), so checkpoints would not hold "
+            "them. Create them with the layer's self.add_weight(...) instead.")
 
 
 def matching(names, patterns, what):
@@ -96,6 +109,7 @@ def optimizer_variables(optimizer, trained):
     return names
 
 
+
 def node(variables):
     """A checkpoint node with each of {name: variable} as a child of that name."""
     return tf.train.Checkpoint(**variables)
@@ -108,10 +122,16 @@ def layout_variable():
                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
 
+def checkpoint_reader(path):
+    """A reader of checkpoint `path` (a prefix). Not `tf.train.load_checkpoint`, which
+    takes a prefix on ram:// (any prefix of a file is a directory there) for a directory."""
+    return tf.compat.v1.train.NewCheckpointReader(path)
+
+
 def saved_variables(path):
     """{node: {name: (checkpoint key, shape, dtype)}} of the checkpoint at `path`, for its
     top-level nodes that hold named variables, and its layout version (1 if none)."""
-    reader = tf.train.load_checkpoint(path)
+    reader = checkpoint_reader(path)
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     graph.ParseFromString(reader.get_tensor(_GRAPH_KEY))

@@ -20,14 +20,17 @@ SEED_STATE_NAME = "seed_generator_state"  # what keras.random.SeedGenerator name
 
 class StepVariables:
 
-    def __init__(self, names, trained):
+    def __init__(self, names, trained, constant=()):
         """`names`: {name: variable} of the model; `trained`: {name: variable} the
-        optimizer was built for."""
+        optimizer was built for; `constant`: variables of layers with trainable=False,
+        which Keras does not update (a frozen BatchNormalization runs in inference mode),
+        so they are not synchronized."""
         self.names = names
         self.trained = list(trained.values())
         self.seeds = [v for v in names.values() if v.path.endswith(SEED_STATE_NAME)]
-        state = [v for v in names.values()
-                 if not v.trainable and not v.path.endswith(SEED_STATE_NAME)]
+        constant = {id(v) for v in constant}
+        state = [v for v in names.values() if not v.trainable and id(v) not in constant
+                 and not v.path.endswith(SEED_STATE_NAME)]
         self.averaged = [v for v in state if tf.as_dtype(v.dtype).is_floating]
         self.from_first_replica = [v for v in state if not tf.as_dtype(v.dtype).is_floating]
         self.has_gradient = None  # per trained variable, known once the step is traced

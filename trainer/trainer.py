@@ -84,7 +84,10 @@ class Trainer:
             # What the optimizer updates: trainable float variables, less optimizer.freeze.
             trained = trained_variables(self.variable_names, config.optimizer)
             # Their roles in the step: trained (with or without a gradient), seeds, state.
-            self.variables = StepVariables(self.variable_names, trained)
+            self.variables = StepVariables(
+                self.variable_names, trained,
+                constant=[v for layer in layers_of(self.model) if not layer.trainable
+                          for v in layer.variables])
             self.trained_variables = self.variables.trained
             self.step = _step_variable("global_step")
             # Built now, not at the first apply, so that a restore fills the slots.

@@ -19,7 +19,9 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.io import gfile
 
-from trainer.state import LAYOUT_VERSION, matching, saved_variables, variable_names
+from trainer.state import (LAYOUT_VERSION, checkpoint_reader, matching, saved_variables,
+                           variable_names)
+from trainer.step_variables import SEED_STATE_NAME
 
 RECORD = "init.json"
 
@@ -49,12 +51,17 @@ def source_values(path, build_model):
                          "checkpoint (.../ckpt-N), a .weights.h5 or a .keras file.") from e
     if version != LAYOUT_VERSION:
         return _legacy_values(path, build_model)
-    reader = tf.train.load_checkpoint(path)
+    reader = checkpoint_reader(path)
     return {name: reader.get_tensor(key) for name, (key, _, _) in nodes["model"].items()}
 
 
 def _values(model):
     return {name: v.numpy() for name, v in variable_names(model).items()}
+
+
+def _weights(variables):
+    """{name: variable} but dropout seed states, which the Trainer sets at every step."""
+    return {n: v for n, v in variables.items() if not n.endswith(SEED_STATE_NAME)}
 
 
 def _legacy_values(path, build_model):
@@ -63,7 +70,8 @@ def _legacy_values(path, build_model):
     model = build_model()
     optimizer = keras.optimizers.SGD(lambda: 0.0)  # a callable rate: no variable of its own
     optimizer.build(model.trainable_variables)  # its variable list, as 0.1 saved it
-    tf.train.Checkpoint(model=model, optimizer=optimizer).read(path).expect_partial()
+    tf.train.Checkpoint(model=model, optimizer=optimizer).read(
+        path).expect_partial().assert_existing_objects_matched()  # every weight found
     return _values(model)
 
 
@@ -73,10 +81,11 @@ def warm_start(config, variables, build_model, files, workdir):
     init = config.get("init")
     if not init or not init.checkpoint:
         return None
+    variables = _weights(variables)
     include = matching(variables, init.include, "init.include")
     excluded = set(matching(variables, init.exclude, "init.exclude"))
     values = {}
-    for name, value in source_values(init.checkpoint, build_model).items():
+    for name, value in _weights(source_values(init.checkpoint, build_model)).items():
         for pattern, replacement in init.rename:
             name = re.sub(pattern, replacement, name)
         values[name] = value
