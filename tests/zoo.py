@@ -145,9 +145,9 @@ class Zoo(Task):
 
     def serving_input(self):
         image = tf.TensorSpec([None, SIZE, SIZE, 3], tf.float32, name="image")
-        if self.config.model.name == "dict_inputs":
-            return {"image": image, "meta": tf.TensorSpec([None, 5], tf.float32,
-                                                          name="meta")}, lambda raw: raw
+        if self.config.model.name == "dict_inputs":  # unnamed: named by their keys
+            return {"image": tf.TensorSpec([None, SIZE, SIZE, 3], tf.float32),
+                    "meta": tf.TensorSpec([None, 5], tf.float32)}, lambda raw: raw
         return image, lambda raw: raw
 
 

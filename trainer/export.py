@@ -71,7 +71,7 @@ def export(config, task, workdir, checkpoint=None, layer_policies=None):
     checkpoint = checkpoint or choose_checkpoint(config, workdir)
     model, step, weights = _load(config, task, checkpoint, compute_dtype, layer_policies)
     directory = os.path.join(workdir, "export", str(step))
-    flat_spec = tf.nest.flatten(spec)  # one named signature input per tensor of a nest
+    flat_spec = _named(spec)  # one named signature input per tensor of a nest
 
     @tf.function
     def serve(*raw):
@@ -112,6 +112,18 @@ def export(config, task, workdir, checkpoint=None, layer_policies=None):
     logging.info("Exported step %d (%s, compute dtype %s) to %s.", step, checkpoint,
                  compute_dtype, directory)
     return directory
+
+
+def _named(spec):
+    """The TensorSpecs of a nest in `tf.nest.flatten` order, each named: its own name, or
+    its key path in the nest (`image`, `inputs_1`); a clear error for two alike."""
+    named = [tf.TensorSpec(s.shape, s.dtype, name=s.name or "_".join(map(str, path)) or "input")
+             for path, s in keras.tree.flatten_with_path(spec)]
+    names = [s.name for s in named]
+    if len(set(names)) < len(names):
+        raise ValueError(f"serving_input(): the inputs' names {names} repeat; give each "
+                         "TensorSpec its own name=.")
+    return named
 
 
 def _load(config, task, checkpoint, compute_dtype, layer_policies):
