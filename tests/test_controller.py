@@ -227,5 +227,8 @@ def test_continuous_eval_refuses_a_run_that_evaluates_itself(tmp_path):
     with WorkdirLock(str(tmp_path), LOCK_NAME, "train_and_eval"):
         with pytest.raises(RuntimeError, match="two evaluators would both write eval/"):
             cli.execute(config, str(tmp_path), "continuous_eval")
-    with WorkdirLock(str(tmp_path), LOCK_NAME, "train"):  # a --mode=train run is fine
-        assert cli._refuse_two_evaluators(str(tmp_path), "continuous_eval") is None
+    config = tiny_config(**{"trainer.train_steps": 4, "trainer.checkpoint_every": 4})
+    build(config, tmp_path).train(evaluate=False)
+    with WorkdirLock(str(tmp_path), LOCK_NAME, "train"):  # a --mode=train run is fine:
+        cli.execute(config, str(tmp_path), "continuous_eval")  # evaluates its checkpoint
+    assert [step for step, _ in scalars(tmp_path, "eval")["accuracy"]] == [4]

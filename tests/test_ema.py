@@ -123,10 +123,20 @@ def test_bad_ema_decay_is_a_clear_error(tmp_path, decay):
 
 
 def test_ema_off_adds_nothing(tmp_path):
-    trainer, _ = make_trainer(tf.distribute.get_strategy(), *data(1, np.random.default_rng(0)),
-                              tmp_path)
-    assert trainer.ema is None and not trainer.optimizer.use_ema
+    """No EMA variable in the model, the optimizer or the checkpoint (an EMA run has them)."""
     assert tiny_config().optimizer.ema_decay == 0.0
+    x, y = data(1, np.random.default_rng(0))
+    for decay in (0.0, DECAY):
+        trainer, it = ema_trainer(tmp_path / str(decay), x, y, decay=decay)
+        averages = len(trainer.trained_variables) if decay else 0
+        assert (trainer.ema is None) == (not averages)
+        assert not any("average" in v.path for v in trainer.model.variables)
+        slots = [n for n in trainer.checkpoints.named["optimizer"] if n.endswith("/average")]
+        assert len(slots) == averages  # SGD without momentum: no other slot
+        trainer.train_loop(it, tf.constant(1, tf.int64))
+        trainer.checkpoints.save()
+        saved = tf.train.load_checkpoint(trainer.checkpoints.latest).get_variable_to_shape_map()
+        assert len([k for k in saved if "average" in k]) == averages
 
 
 def test_before_the_first_applied_update_the_ema_is_the_initial_weights(tmp_path):

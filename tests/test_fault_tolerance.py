@@ -53,8 +53,11 @@ def test_sigterm_saves_and_relaunch_continues(tmp_path):
     run = subprocess.run(args + [f"--config.trainer.train_steps={final}"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert f"step {saved[0]}" in run.stderr and f"step {final}/{final}" in run.stderr
-    assert f"step {saved[0] - 10 + 1}/" not in run.stderr  # nothing retrained
+    # It restored the SIGTERM checkpoint and ran exactly the steps left.
+    assert f"Restored {tmp_path}/checkpoints/ckpt-{saved[0]} (step {saved[0]})." in run.stderr
+    assert f"step {final}/{final}" in run.stderr
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert (summary["steps"], summary["steps_this_run"]) == (final, final - saved[0])
     assert checkpoint_steps(tmp_path / "checkpoints")[-1] == final
 
 

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tasks
-from conftest import tiny_config, two_replicas
+from conftest import scalars, tiny_config, two_replicas
 from trainer import Trainer
 from trainer.distribute import build_strategy, is_chief
 
@@ -157,7 +157,9 @@ def test_a_whole_run_on_a_remote_workdir_writes_nothing_locally(tmp_path, monkey
         assert gfile.glob(f"{workdir}/{run}/events.out.tfevents.*"), run
     assert not gfile.exists(f"{workdir}/.lock")  # released
     assert os.listdir(tmp_path) == []  # no ./ram:/... folder, nothing else
-    cli.execute(config, workdir, "eval")  # and it reads back from there
+    cli.execute(config, workdir, "eval")  # and it reads back from there:
+    accuracy = scalars(workdir, "eval")["accuracy"]  # the same step, the same weights
+    assert [step for step, _ in accuracy] == [10, 10] and accuracy[0][1] == accuracy[1][1]
 
 
 class _Strategy:

@@ -109,10 +109,22 @@ def test_two_replicas_match_one_replica(tmp_path, clip_norm):
     for name, strategy in [("one", tf.distribute.get_strategy()), ("two", two_replicas())]:
         trainer, it = make_trainer(strategy, x, y, tmp_path / name,
                                    **{"optimizer.clip_norm": clip_norm})
-        trainer.train_loop(it, tf.constant(2, tf.int64))
-        results.append([v.numpy() for v in trainer.model.trainable_variables])
-        grad_norm = trainer.grad_norm.result().numpy()
-        assert grad_norm > 0
+        variables = trainer.model.trainable_variables
+        before = [v.numpy() for v in variables]
+        with tf.GradientTape() as tape:  # the first step's global batch, by hand
+            loss = tf.reduce_mean(tf.square(trainer.model(x[:2 * PER_REPLICA])
+                                            - y[:2 * PER_REPLICA]))
+        grads = [g.numpy() for g in tape.gradient(loss, variables)]
+        norm = float(tf.linalg.global_norm(grads))
+        trainer.train_loop(it, tf.constant(1, tf.int64))
+        np.testing.assert_allclose(trainer.grad_norm.result().numpy(), norm, rtol=1e-5)
+        if clip_norm:
+            assert norm > 2 * clip_norm  # clipping acts
+        scale = min(1.0, clip_norm / norm) if clip_norm else 1.0
+        for v, b, g in zip(variables, before, grads):  # SGD, learning rate 0.1
+            np.testing.assert_allclose(v.numpy(), b - 0.1 * scale * g, rtol=1e-5, atol=1e-7)
+        trainer.train_loop(it, tf.constant(1, tf.int64))
+        results.append([v.numpy() for v in variables])
     for one, two in zip(*results):
         np.testing.assert_allclose(one, two, rtol=1e-5, atol=1e-6)
 
@@ -192,22 +204,41 @@ def test_sparse_gradients_clip_like_dense_ones(tmp_path):
         np.testing.assert_allclose(one, two, rtol=1e-5, atol=1e-6)
 
 
+class RecordMask(keras.layers.Layer):
+    """Passes its input through; records which entries are zero, per replica, as the
+    compiled train step runs (a py_function: the host sees the real step's masks)."""
+
+    def __init__(self, masks):
+        super().__init__()
+        self.add = lambda replica, mask: masks.setdefault(replica, []).append(mask)  # (a
+        # dict attribute would be a copy: Keras wraps those it tracks)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def call(self, x):
+        def record(replica, value):
+            self.add(int(replica), value.numpy() == 0)
+            return 0
+
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        tf.py_function(record, [replica, x], tf.int32)
+        return x
+
+
 def test_replicas_draw_distinct_dropout_masks(tmp_path):
-    x = np.ones((2 * PER_REPLICA, 3), np.float32)  # the same examples on both replicas
+    x = np.ones((4 * PER_REPLICA, 3), np.float32)  # the same examples on both replicas
+    masks = {}
     model_fn = lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(64),
-                                         keras.layers.Dropout(0.5),
+                                         keras.layers.Dropout(0.5), RecordMask(masks),
                                          keras.layers.Dense(1, dtype="float32")])
-    trainer, _ = make_trainer(two_replicas(), x, x[:, :1], tmp_path, model_fn=model_fn)
-
-    @tf.function
-    def masks():
-        def forward():
-            trainer._reseed(tf.distribute.get_replica_context().replica_id_in_sync_group)
-            return trainer.model.layers[1](trainer.model.layers[0](x[:1]), training=True)
-        return trainer.strategy.run(forward)
-
-    r0, r1 = (t.numpy() for t in trainer.strategy.experimental_local_results(masks()))
-    assert not np.array_equal(r0 == 0, r1 == 0)
+    trainer, it = make_trainer(two_replicas(), x, x[:, :1], tmp_path, model_fn=model_fn)
+    trainer.train_loop(it, tf.constant(2, tf.int64))  # the real step, twice
+    assert sorted(masks) == [0, 1] and [len(m) for m in masks.values()] == [2, 2]
+    for step in range(2):
+        assert 0.3 < masks[0][step].mean() < 0.7  # dropout 0.5 acted
+        assert not np.array_equal(masks[0][step], masks[1][step]), step
+    assert not np.array_equal(masks[0][0], masks[0][1])  # and steps differ
 
 
 def test_grad_norm_of_a_window_with_a_skipped_step_is_the_mean_of_the_finite_ones(tmp_path):

@@ -111,7 +111,9 @@ def run(config, strategy, workdir, mode):
             s = config.sample
             prompt = s.prompt.encode()
             text = task.sample(trainer.model, prompt, s.num_bytes, s.temperature, s.top_k, s.seed)
-            print((prompt + text).decode("utf-8", errors="replace"))
+            # The bytes as sampled (a decode would replace a cut UTF-8 sequence).
+            sys.stdout.buffer.write(prompt + text + b"\n")
+            sys.stdout.flush()
     else:
         trainer.train(evaluate=mode == "train_and_eval")
 
