@@ -232,3 +232,47 @@ def test_continuous_eval_refuses_a_run_that_evaluates_itself(tmp_path):
     with WorkdirLock(str(tmp_path), LOCK_NAME, "train"):  # a --mode=train run is fine:
         cli.execute(config, str(tmp_path), "continuous_eval")  # evaluates its checkpoint
     assert [step for step, _ in scalars(tmp_path, "eval")["accuracy"]] == [4]
+
+
+def test_a_relaunch_after_a_crash_does_not_count_evaluations_twice(tmp_path):
+    config = tiny_config(**{"trainer.train_steps": 8, "trainer.eval_every": 2,
+                            "trainer.steps_per_loop": 2, "trainer.checkpoint_every": 4,
+                            "trainer.early_stop_patience": 10,
+                            "optimizer.learning_rate": 0.0})  # no eval can improve
+    build(config, tmp_path).train()
+    assert best_record(tmp_path)["evals_since_best"] == 3  # best at 2; not beaten at 4-8
+    # A crash after the evaluation at step 8, before its checkpoint: the newest is ckpt-4.
+    directory = str(tmp_path / "checkpoints")
+    for path in tf.io.gfile.glob(os.path.join(directory, "ckpt-8*")):
+        tf.io.gfile.remove(path)
+    tf.compat.v1.train.update_checkpoint_state(directory, os.path.join(directory, "ckpt-4"))
+    config.trainer.train_steps = 10
+    build(config, tmp_path).train()  # evaluates steps 6 and 8 again, then 10
+    assert best_record(tmp_path)["evals_since_best"] == 4  # 4, 6, 8 and 10, each once
+
+
+def test_a_run_that_raises_inside_the_profile_window_stops_the_profiler(tmp_path):
+    class Boom(Action):
+        every = 3
+
+        def __call__(self, controller, step, logs):
+            raise RuntimeError("boom")
+
+    config = tiny_config(**{"trainer.train_steps": 10, "trainer.steps_per_loop": 1,
+                            "trainer.profile_steps": (2, 8)})
+    with pytest.raises(RuntimeError, match="boom"):
+        build(config, tmp_path).train(evaluate=False, actions=[Boom()])
+    tf.profiler.experimental.start(str(tmp_path / "again"))  # raises if one still runs
+    tf.profiler.experimental.stop()
+
+
+def test_the_export_at_the_end_of_a_train_run_takes_the_best_the_workdir_keeps(tmp_path):
+    """A --mode=train run next to a continuous evaluator: the evaluator keeps best/."""
+    config = tiny_config(**{"trainer.train_steps": 2, "trainer.eval_every": 2,
+                            "trainer.checkpoint_every": 2})
+    build(config, tmp_path).train()  # best/ckpt-2, as an evaluator would keep it
+    assert best_record(tmp_path)["checkpoint"] == "ckpt-2"
+    config = tiny_config(**{"trainer.train_steps": 4, "trainer.checkpoint_every": 2,
+                            "export.enabled": True})
+    build(config, tmp_path).train(evaluate=False)
+    assert sorted(os.listdir(tmp_path / "export")) == ["2"]

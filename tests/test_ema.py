@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import tiny_config, two_replicas
+from conftest import build, tiny_config, two_replicas
 from test_replica_consistency import data, make_trainer, replica_weights
 from trainer import export as export_lib
 from trainer.checkpoints import IncompatibleCheckpointError
@@ -148,3 +148,25 @@ def test_before_the_first_applied_update_the_ema_is_the_initial_weights(tmp_path
     np.testing.assert_allclose(trainer.evaluate()["loss"], with_ema["loss"], rtol=1e-6)
     for v, a in zip(trainer.model.trainable_variables, ema.averages):
         np.testing.assert_array_equal(v.numpy(), a.numpy())
+
+
+def test_sample_mode_samples_from_the_ema_weights(tmp_path, capfdbinary):
+    from test_transformers import tiny_lm
+    from trainer import cli
+    config = tiny_lm(tmp_path, **{"trainer.train_steps": 20, "trainer.steps_per_loop": 10,
+                                  "trainer.checkpoint_every": 20, "optimizer.warmup_steps": 2,
+                                  "optimizer.ema_decay": 0.9, "sample.num_bytes": 40})
+    workdir = str(tmp_path / "run")
+    trainer = build(config, tmp_path / "run")
+    trainer.train(evaluate=False)
+    s = config.sample
+    def sample():
+        return trainer.task.sample(trainer.model, s.prompt.encode(), s.num_bytes,
+                                   s.temperature, s.top_k, s.seed)
+    raw = sample()
+    with trainer.eval_weights():
+        ema = sample()
+    assert raw != ema  # the two weights say different things
+    capfdbinary.readouterr()
+    cli.execute(config, workdir, "sample")
+    assert capfdbinary.readouterr().out == s.prompt.encode() + ema + b"\n"

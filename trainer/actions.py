@@ -49,6 +49,10 @@ class Action:
     def begin(self, controller):
         """Called once before the first step of `Controller.train`, on every worker."""
 
+    def end(self, controller):
+        """Called once when `Controller.train` ends, however it ends (an exception too),
+        on every worker: release what the action holds."""
+
     def boundaries(self):
         """Steps, besides the multiples of `every`, where a compiled chunk must end so
         that `should_run` sees them."""

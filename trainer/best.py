@@ -61,9 +61,11 @@ class BestCheckpoint(Action):
             logging.info("New best %s=%.4g at step %d (previous: %s); saved %s.", self.metric,
                          value, step, "none" if previous is None else f"{previous:.4g}",
                          os.path.join(self.directory, name))
-        elif step != record["last_eval_step"]:  # a step judged before does not count twice
+        elif record["last_eval_step"] is None or step > record["last_eval_step"]:
+            # (a relaunch from an older checkpoint evaluates steps judged before its crash
+            # again: they do not count twice)
             record["evals_since_best"] += 1
-        record["last_eval_step"] = step
+        record["last_eval_step"] = max(step, record["last_eval_step"] or 0)
         controller.files.write_json(self.path, record)
         for path in self._stale_files(record["checkpoint"]):
             controller.files.remove(path)

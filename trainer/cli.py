@@ -110,7 +110,9 @@ def run(config, strategy, workdir, mode):
         else:
             s = config.sample
             prompt = s.prompt.encode()
-            text = task.sample(trainer.model, prompt, s.num_bytes, s.temperature, s.top_k, s.seed)
+            with trainer.eval_weights():  # the EMA weights, if evaluation uses them
+                text = task.sample(trainer.model, prompt, s.num_bytes, s.temperature,
+                                   s.top_k, s.seed)
             # The bytes as sampled (a decode would replace a cut UTF-8 sequence).
             sys.stdout.buffer.write(prompt + text + b"\n")
             sys.stdout.flush()

@@ -173,6 +173,9 @@ class Controller:
                 if failure is error:
                     raise
                 raise failure from error
+            finally:
+                for action in self.actions:
+                    action.end(self)
         self.summaries.flush()
         write_summary(self, self.interrupted or self.stop_reason)
         if self._signalled:

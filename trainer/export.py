@@ -21,7 +21,6 @@ from tensorflow.io import gfile
 
 from trainer.actions import Action
 from trainer import best as best_lib
-from trainer.best import BestCheckpoint
 from trainer.checkpoints import (IncompatibleCheckpointError, check_fits, make_checkpoint,
                                  read_error)
 from trainer.ema import evaluates_ema
@@ -169,20 +168,16 @@ def _load(config, task, checkpoint, compute_dtype, layer_policies):
 
 
 class Export(Action):
-    """Exports at the end of training (`export.enabled`): `export.checkpoint` if set,
-    else the best checkpoint when this run keeps one, else the final one; in the
+    """Exports at the end of training (`export.enabled`) what `choose_checkpoint` picks:
+    `export.checkpoint`, else the best checkpoint the workdir keeps (this run's, or a
+    continuous evaluator's beside a --mode=train run), else the final one; in the
     trained model's policies."""
 
     every, chief_only, kind = 0, True, "checkpoint"
 
     def __call__(self, controller, step, logs):
         trainer = controller.trainer
-        best = next((a for a in controller.actions
-                     if isinstance(a, BestCheckpoint) and a.record), None)
-        checkpoint = (trainer.config.export.checkpoint
-                      or (best and best.record.get("checkpoint")
-                          and best_lib.checkpoint_path(best.directory, best.record))
-                      or trainer.checkpoints.latest)
-        export(trainer.config, trainer.task, trainer.workdir, checkpoint,
+        export(trainer.config, trainer.task, trainer.workdir,
+               choose_checkpoint(trainer.config, trainer.workdir),
                layer_policies=[layer.dtype_policy for layer in
                                trainer.model._flatten_layers(include_self=False)])

@@ -51,6 +51,13 @@ class Profile(Action):
     def boundaries(self):
         return (self.first - 1, self.last)
 
+    def end(self, controller):
+        """A run that raised inside the window: stop, so that the process (a test, a
+        notebook, a relaunch in the same process) can profile again."""
+        if self.active:
+            tf.profiler.experimental.stop()
+            self.active = False
+
     def should_run(self, controller, step, logs):
         return step in self.boundaries() or (self.active and (
             controller.done or controller.interrupted is not None))
