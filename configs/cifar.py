@@ -87,6 +87,9 @@ def get_config():
         # ("": none); early_stop_patience > 0 evals without improvement end the run.
         best_metric="eval/accuracy", best_mode="max", early_stop_patience=0,
         max_seconds=0.0,           # > 0: stop with a checkpoint after this long (0: no limit)
+        # > 0: peak TFLOP/s of one device, for MFU where trainer/flops.py has no figure
+        # (0: its table for GPUs/TPUs, a measured matmul on a CPU)
+        peak_tflops=0.0,
         profile_steps=()))         # (first, last): a profiler trace of those steps, in train/
 
     # timeout_seconds: --mode=continuous_eval exits after this long without a new checkpoint.

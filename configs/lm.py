@@ -41,6 +41,7 @@ def get_config():
         max_to_keep=3, log_every=100, jit_compile=False, deterministic=False,
         max_nonfinite_steps=0,  # 0: 100 with float16 loss scaling, else 1
         best_metric="eval/loss", best_mode="min", early_stop_patience=0, max_seconds=0.0,
+        peak_tflops=0.0,  # see cifar.py
         profile_steps=()))
     c.eval = ml_collections.ConfigDict(dict(timeout_seconds=3600, use_ema=True))  # see cifar.py
     c.actions = ml_collections.ConfigDict()  # see configs/cifar.py

@@ -59,6 +59,11 @@ class Task(abc.ABC):
             f"{type(self).__name__} does not define serving_input(), so it cannot be "
             "exported; see BUILD.md, 'Exporting for serving'.")
 
+    def flops_per_example(self):
+        """FLOPs of one example's forward and backward pass, for MFU (trainer/flops.py);
+        None (the default): counted on the model's forward graph."""
+        return None
+
     def serving_outputs(self, outputs):
         """{name: tensor} that `--mode=export` serves (floats as float32) from the model's
         outputs: `logits` and `probabilities` (softmax) of a single output; each tensor

@@ -5,7 +5,7 @@ import tensorflow as tf
 from absl import logging
 
 from tasks import base, cifar10_data, register
-from tasks.vit import vit
+from tasks.vit import vit, vit_train_flops
 
 MEAN = (0.4914 * 255, 0.4822 * 255, 0.4465 * 255)
 STD = (0.2470 * 255, 0.2435 * 255, 0.2616 * 255)
@@ -157,6 +157,10 @@ class Cifar10Task(base.Task):
 
     def describe_data(self):
         return self.data.source
+
+    def flops_per_example(self):
+        """The ViT's by its formula; the CNNs' are counted on their graph."""
+        return vit_train_flops(self.config.model) if self.config.model.name == "vit" else None
 
     def build_model(self):
         return MODELS[self.config.model.name](self.config.model)

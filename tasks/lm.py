@@ -11,7 +11,7 @@ import tensorflow as tf
 from absl import logging
 
 from tasks import base, register
-from tasks.transformer import Block
+from tasks.transformer import Block, blocks_train_flops
 
 VOCAB = 256
 
@@ -118,6 +118,12 @@ class ByteLMTask(base.Task):
             logging.info("Corpus %s: %d train bytes, %d validation bytes.", d.files,
                          len(data) - n_val, n_val)
         return self._splits
+
+    def flops_per_example(self):
+        """The blocks and the vocabulary projection (tied or not) on seq_len tokens."""
+        m = self.config.model
+        return (blocks_train_flops(m.seq_len, m.num_layers, m.d_model, m.mlp_dim, causal=True)
+                + 6 * m.d_model * VOCAB * m.seq_len)
 
     def describe_data(self):
         train, val = self.splits

@@ -4,6 +4,15 @@ import keras
 import tensorflow as tf
 
 
+def blocks_train_flops(tokens, num_layers, d_model, mlp_dim, causal):
+    """Model FLOPs (forward and backward) of `num_layers` Blocks on one sequence: 6 x
+    matmul parameters x tokens, plus attention's two matmuls (12 x tokens^2 x d_model a
+    layer, half of it when causal), MaxText's convention."""
+    params = num_layers * (4 * d_model * d_model + 2 * d_model * mlp_dim)
+    attention = 12 * num_layers * tokens**2 * d_model * (0.5 if causal else 1.0)
+    return 6 * params * tokens + attention
+
+
 class Block(keras.layers.Layer):
     """Pre-LayerNorm transformer block: x + MHA(LN(x)), then x + MLP(LN(x)).
 

@@ -3,7 +3,7 @@
 import keras
 import tensorflow as tf
 
-from tasks.transformer import Block
+from tasks.transformer import Block, blocks_train_flops
 
 
 class ViT(keras.Model):
@@ -41,6 +41,15 @@ class ViT(keras.Model):
             x = block(x, training=training)
         x = self.ln(x)
         return self.head(x[:, 0] if self.pool == "cls" else tf.reduce_mean(x, axis=1))
+
+
+def vit_train_flops(m, num_classes=10, image_size=32):
+    """Model FLOPs of one image: the patch embedding, the blocks (not causal), the head."""
+    patches = (image_size // m.patch_size) ** 2
+    tokens = patches + (m.pool == "cls")
+    return (6 * patches * m.patch_size**2 * 3 * m.d_model
+            + blocks_train_flops(tokens, m.num_layers, m.d_model, m.mlp_dim, causal=False)
+            + 6 * m.d_model * num_classes)
 
 
 def vit(m, num_classes=10):

@@ -93,6 +93,10 @@ class LogTrain(Action):
         if trainer.task.tokens_per_example:
             scalars["tokens_per_sec"] = examples_per_sec * trainer.task.tokens_per_example
             tokens = f", {scalars['tokens_per_sec']:.0f} tokens/s"
+        mfu = trainer.utilization.mfu(steps_per_sec)
+        if mfu is not None:
+            scalars["mfu"] = mfu
+            tokens += f", MFU {mfu:.1%}"
         controller.summaries.scalars("train", {  # the others went out at every step
             k: v for k, v in scalars.items()
             if not (trainer.per_step_summaries and k in trainer.PER_STEP_SCALARS)}, step)

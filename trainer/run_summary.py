@@ -54,6 +54,11 @@ def run_summary(controller, stopped):
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
         "examples_per_sec": round(steps_this_run * trainer.examples_per_step
                                   / max(seconds["train"], 1e-9), 1),
+        # model FLOPs utilization over this run's train seconds (trainer/flops.py)
+        "mfu": (trainer.utilization.mfu(steps_this_run / max(seconds["train"], 1e-9))
+                if steps_this_run else None),
+        "model_flops_per_step": (trainer.utilization.counted[0]
+                                 if trainer.example_spec is not None else None),
         "train": controller.last_train,
         "eval": controller.last_eval,
         "precision": trainer.policy,

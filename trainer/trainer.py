@@ -21,6 +21,7 @@ from trainer.controller import Controller, check_trainer_config
 from trainer.distribute import is_chief
 from trainer.ema import EmaWeights, evaluates_ema
 from trainer.evaluation import Evaluation, as_float32
+from trainer.flops import Utilization
 from trainer.loss_scale import LossScale, all_finite
 from trainer.optimizers import build_optimizer, disable_keras_all_reduce, trained_variables
 from trainer.numerics import Telemetry, check_numerics_every
@@ -126,6 +127,8 @@ class Trainer:
             self._forward_backward, jit_compile=bool(config.trainer.jit_compile))
         self.train_loop = tf.function(self._train_loop_fn)
         self._eval_dataset = None  # built on the first evaluation, reused after
+        self.example_spec = None  # one example's features (batch 1), seen by the trace
+        self.utilization = Utilization(self)  # model FLOPs per step, MFU
 
     # ----------------------------------------------------------------- steps
 
@@ -133,6 +136,8 @@ class Trainer:
         """Forward and backward pass on one replica's micro-batch (XLA with jit_compile)."""
         capture = (self.telemetry.activations.capture() if self.telemetry
                    else contextlib.nullcontext())
+        self.example_spec = tf.nest.map_structure(  # for the model FLOPs (trainer/flops.py)
+            lambda t: tf.TensorSpec([1, *t.shape[1:]], t.dtype), features)
         with tf.GradientTape() as tape:
             with capture as layer_outputs:
                 outputs = as_float32(self.model(features, training=True))

@@ -1,0 +1,132 @@
+"""Model FLOPs per training step, the hardware's peak, and MFU (model FLOPs utilization).
+
+Model FLOPs are what the model needs, not what the hardware ran: recomputation
+(remat) is not counted. A Task may count them itself (`Task.flops_per_example`:
+the transformer tasks use 6 x matmul parameters x tokens plus attention, causal
+attention at half, MaxText's convention). Otherwise they are counted on the
+model's forward graph for one example: TensorFlow's profiler counts its
+float operations (matmuls, convolutions, element-wise ops) and we add its
+einsums (which the profiler does not count); forward plus backward is 3 times
+that.
+
+Peak: per device, from the table below for known accelerators (dense, no
+sparsity), or `trainer.peak_tflops`; on a CPU, a square matmul in the run's
+compute dtype is timed once per process (all of the process's CPU devices share
+those cores, so the CPU's peak is not multiplied by the replicas).
+"""
+
+import functools
+import math
+import os
+import re
+import time
+
+import tensorflow as tf
+from absl import logging
+
+# Dense peak TFLOP/s per chip: NVIDIA A100 / H100 / H200 SXM datasheets (float32 matmuls
+# run as TF32, TensorFlow's default on these GPUs), Google Cloud TPU system architecture
+# pages (v4, v5e, v5p; bfloat16).
+PEAK_TFLOPS = {
+    "a100": {"bfloat16": 312, "float16": 312, "float32": 156},
+    "h100": {"bfloat16": 989, "float16": 989, "float32": 494},
+    "h200": {"bfloat16": 989, "float16": 989, "float32": 494},
+    "v4": {"bfloat16": 275},
+    "v5litepod": {"bfloat16": 197},
+    "v5e": {"bfloat16": 197},
+    "v5p": {"bfloat16": 459},
+}
+
+
+def forward_flops(model, example_spec):
+    """Float operations of `model`'s forward pass on one example (`example_spec`: the
+    features' TensorSpecs, batch dimension 1)."""
+    graph = tf.function(lambda f: model(f, training=False)).get_concrete_function(
+        example_spec).graph
+    options = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
+    options["output"] = "none"
+    counted = tf.compat.v1.profiler.profile(graph=graph, options=options).total_float_ops
+    return counted + sum(_einsum_flops(op) for op in graph.get_operations()
+                         if op.type == "Einsum")
+
+
+def _einsum_flops(op):
+    """2 x the product of every index's size (multiply and add per term)."""
+    inputs = op.get_attr("equation").decode().split("->")[0].split(",")
+    sizes = {}
+    for letters, tensor in zip(inputs, op.inputs):
+        for letter, size in zip(letters, tensor.shape):
+            sizes[letter] = size
+    return 2 * math.prod(sizes.values()) if None not in sizes.values() else 0
+
+
+def train_flops_per_example(task, model, example_spec):
+    """(FLOPs of one example's forward and backward pass, how they were counted)."""
+    analytic = task.flops_per_example()
+    if analytic:
+        return analytic, "analytic (the task's count)"
+    return 3 * forward_flops(model, example_spec), "forward graph x 3"
+
+
+@functools.lru_cache(maxsize=None)
+def measured_cpu_peak(dtype, size=1024, repeats=3):
+    """FLOP/s of a square matmul in `dtype` on this CPU: the best of a few timings."""
+    a = tf.cast(tf.random.stateless_normal([size, size], [0, 0]), dtype)
+    matmul = tf.function(lambda x: tf.matmul(x, x))
+    matmul(a).numpy()  # trace and warm up
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(5):
+            result = matmul(a)
+        result.numpy()
+        best = min(best, (time.perf_counter() - start) / 5)
+    return 2 * size**3 / best
+
+
+def peak_flops(strategy, compute_dtype, override_tflops=0.0):
+    """(Peak FLOP/s of the devices the step runs on, where the figure comes from), or
+    (None, why not) for an accelerator the table does not know."""
+    replicas = strategy.num_replicas_in_sync
+    if override_tflops:
+        return override_tflops * 1e12 * replicas, "trainer.peak_tflops"
+    gpus = tf.config.list_physical_devices("GPU")
+    tpu = os.environ.get("TPU_ACCELERATOR_TYPE", "")  # e.g. v4-8, v5litepod-16
+    if isinstance(strategy, tf.distribute.TPUStrategy) or gpus:
+        name = (tpu.split("-")[0] if tpu else
+                tf.config.experimental.get_device_details(gpus[0]).get("device_name", ""))
+        kind = next((k for k in PEAK_TFLOPS if re.search(rf"\b{k}\b", name.lower())), None)
+        peak = PEAK_TFLOPS.get(kind, {}).get(compute_dtype)
+        if not peak:
+            return None, (f"no peak known for {name or 'this accelerator'} in {compute_dtype}; "
+                          "set --config.trainer.peak_tflops (per device)")
+        return peak * 1e12 * replicas, f"{kind} datasheet, {compute_dtype}"
+    return measured_cpu_peak(compute_dtype), f"measured {compute_dtype} matmul on this CPU"
+
+
+class Utilization:
+    """Model FLOPs per step and MFU of a Trainer's run, counted once, when first asked
+    (after the step was traced: it records one example's features spec)."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    @functools.cached_property
+    def counted(self):
+        """(model FLOPs per optimizer step, peak FLOP/s or None)."""
+        t = self.trainer
+        per_example, method = train_flops_per_example(t.task, t.model, t.example_spec)
+        peak, source = peak_flops(t.strategy, t.model.compute_dtype,
+                                  t.config.trainer.get("peak_tflops", 0.0))
+        logging.info("Model FLOPs per step: %.4g (%s; %d examples); peak: %s (%s).",
+                     per_example * t.examples_per_step, method, t.examples_per_step,
+                     "unknown" if peak is None else f"{peak:.4g} FLOP/s", source)
+        return per_example * t.examples_per_step, peak
+
+    def mfu(self, steps_per_sec):
+        """Model FLOPs utilization at `steps_per_sec`; None without a known peak or
+        before the step was traced."""
+        if self.trainer.example_spec is None:
+            return None
+        flops_per_step, peak = self.counted
+        return None if peak is None else flops_per_step * steps_per_sec / peak
