@@ -123,10 +123,14 @@ class Utilization:
                      "unknown" if peak is None else f"{peak:.4g} FLOP/s", source)
         return per_example * t.examples_per_step, peak
 
+    @property
+    def flops_per_step(self):
+        """Model FLOPs of one optimizer step; None before the step was traced."""
+        return None if self.trainer.example_spec is None else self.counted[0]
+
     def mfu(self, steps_per_sec):
         """Model FLOPs utilization at `steps_per_sec`; None without a known peak or
         before the step was traced."""
-        if self.trainer.example_spec is None:
-            return None
-        flops_per_step, peak = self.counted
+        flops_per_step = self.flops_per_step
+        peak = self.counted[1] if flops_per_step is not None else None
         return None if peak is None else flops_per_step * steps_per_sec / peak

@@ -1,7 +1,5 @@
 """Keras optimizers and learning-rate schedules from `config.optimizer`."""
 
-import re
-
 import keras
 from absl import logging
 
@@ -72,8 +70,10 @@ def build_optimizer(config, train_steps, step=None, trained=None):
     optimizer = _keras_optimizer(config, build_learning_rate(config, train_steps, step))
     if trained is not None:
         if config.name == "adamw":
-            patterns = tuple(config.get("weight_decay_exclude", WEIGHT_DECAY_EXCLUDE))
-            excluded = [n for n in trained if any(re.fullmatch(p, n) for p in patterns)]
+            # Generic defaults: a pattern that matches nothing here is no error.
+            excluded = matching(trained, config.get("weight_decay_exclude",
+                                                    WEIGHT_DECAY_EXCLUDE),
+                                "optimizer.weight_decay_exclude", required=False)
             logging.info("AdamW decays %d variables, not these %d (optimizer."
                          "weight_decay_exclude): %s", len(trained) - len(excluded),
                          len(excluded), ", ".join(excluded))

@@ -57,8 +57,7 @@ def run_summary(controller, stopped):
         # model FLOPs utilization over this run's train seconds (trainer/flops.py)
         "mfu": (trainer.utilization.mfu(steps_this_run / max(seconds["train"], 1e-9))
                 if steps_this_run else None),
-        "model_flops_per_step": (trainer.utilization.counted[0]
-                                 if trainer.example_spec is not None else None),
+        "model_flops_per_step": trainer.utilization.flops_per_step,
         "train": controller.last_train,
         "eval": controller.last_eval,
         "precision": trainer.policy,

@@ -75,11 +75,11 @@ def _check_nothing_unlisted(model):
             "them. Create them with the layer's self.add_weight(...) instead.")
 
 
-def matching(names, patterns, what):
-    """The names that fully match any regex of `patterns`; a pattern matching none is an
-    error naming `what` (the config field) and some names."""
+def matching(names, patterns, what, required=True):
+    """The names that fully match any regex of `patterns`; with `required`, a pattern
+    matching none is an error naming `what` (the config field) and some names."""
     patterns = tuple(patterns or ())
-    for pattern in patterns:
+    for pattern in patterns if required else ():
         if not any(re.fullmatch(pattern, name) for name in names):
             some = list(names)[:: max(1, len(names) // 8)][:8]
             raise ValueError(f"{what}: {pattern!r} matches no variable (a pattern must match "
