@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import tensorflow as tf
@@ -12,6 +13,7 @@ import tensorflow as tf
 from conftest import build, checkpoint_steps, scalars, tiny_config
 from trainer import cli
 from trainer.actions import Action
+from trainer.controller import Controller
 from trainer.workdir import LOCK_NAME, WorkdirLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -276,3 +278,38 @@ def test_the_export_at_the_end_of_a_train_run_takes_the_best_the_workdir_keeps(t
                             "export.enabled": True})
     build(config, tmp_path).train(evaluate=False)
     assert sorted(os.listdir(tmp_path / "export")) == ["2"]
+
+
+class _Clock:
+    """Real time plus what the test's actions say they took."""
+
+    def __init__(self):
+        self.offset = 0.0
+
+    def __call__(self):
+        return time.monotonic() + self.offset
+
+
+class _Slow(Action):
+    def __init__(self, clock, every, seconds):
+        self.clock, self.every, self.seconds = clock, every, seconds
+
+    def __call__(self, controller, step, logs):
+        self.clock.offset += self.seconds
+
+
+def test_time_budget_counts_the_actions_due_after_the_next_chunk(tmp_path):
+    # Two 100 s actions, each seen alone (steps 20, 30, 40), are both due at step 60.
+    # Before the chunk to 60, 300 s are gone: 60 would end past the 450 s budget.
+    config = tiny_config(**{"trainer.train_steps": 60, "trainer.steps_per_loop": 10, "trainer.log_every": 10,
+                            "trainer.checkpoint_every": 0, "trainer.max_seconds": 450.0})
+    trainer = build(config, tmp_path)
+    clock = _Clock()
+    controller = Controller(trainer, evaluate=False,
+                            actions=[_Slow(clock, 20, 100.0), _Slow(clock, 30, 100.0)])
+    controller.clock = clock
+    controller.train()
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert summary["steps"] == 50 and summary["stopped"].startswith("time budget")
+    assert summary["seconds"]["total"] <= 450.0
+    assert checkpoint_steps(tmp_path / "checkpoints") == [50]

@@ -86,7 +86,10 @@ class Controller:
         self.step = self.start_step = int(trainer.step.numpy())
         # This process's wall time: in the compiled train loop, and in actions by kind.
         self.seconds = {"train": 0.0, "eval": 0.0, "checkpoint": 0.0, "other": 0.0}
-        self._slowest_cycle = 0.0  # seconds of a chunk and the actions after it
+        self.clock = time.monotonic  # (a test's fake clock)
+        # For the time budget: the longest a step has taken (a compiling first chunk
+        # only until another chunk ran) and the longest each action has taken.
+        self._chunks, self._step_seconds, self._action_seconds = 0, None, {}
         self.stop_reason = None   # set by `request_stop`, once every worker agrees
         self.interrupted = None   # a signal or the time budget: stop, save, resume later
         self.last_eval = self.last_train = None  # the latest eval/train metrics logged
@@ -136,7 +139,7 @@ class Controller:
         budget (`trainer.max_seconds`) stops the same way but returns.
         """
         trainer = self.trainer
-        self.started = time.monotonic()
+        self.started = self.clock()
         trainer.restore_or_warm_start()
         self.step = self.start_step = int(trainer.step.numpy())
         iterator = iter(trainer.distributed_dataset("train"))  # bad data fails before any write
@@ -153,12 +156,9 @@ class Controller:
                                  self.stop_reason or f"train_steps={trainer.train_steps} reached")
                     self._run_actions()  # evaluate at the end, as an uninterrupted run would
                 while not self.done:
-                    cycle_start = time.monotonic()
                     self._train_chunk(iterator)
                     self.interrupted = self._interruption(stop)
                     self._run_actions()
-                    self._slowest_cycle = max(self._slowest_cycle,
-                                              time.monotonic() - cycle_start)
                     if self.interrupted:
                         break
             except Exception as error:  # divergence, a failed worker, a bug: still summed up
@@ -193,33 +193,43 @@ class Controller:
 
     # ----------------------------------------------------------------- inside
 
-    def _train_chunk(self, iterator):
-        """Runs the compiled loop to the next step where an action is due."""
+    def _chunk_steps(self, step):
+        """The steps from `step` to the next boundary: where an action is due, at most
+        `steps_per_loop`."""
         intervals = [self.trainer.config.trainer.steps_per_loop] + [
             a.every for a in self.actions if a.every > 0]
-        num_steps = min([k - self.step % k for k in intervals]
-                        + [b - self.step for a in self.actions for b in a.boundaries()
-                           if b > self.step]
-                        + [self.trainer.train_steps - self.step])
-        start = time.monotonic()
+        return min([k - step % k for k in intervals]
+                   + [b - step for a in self.actions for b in a.boundaries() if b > step]
+                   + [self.trainer.train_steps - step])
+
+    def _train_chunk(self, iterator):
+        """Runs the compiled loop to the next step where an action is due."""
+        num_steps = self._chunk_steps(self.step)
+        start = self.clock()
         # A profiler step for TensorBoard's Profile tab (a no-op unless profiling).
         first_step = self.step + 1
         with tf.profiler.experimental.Trace("train", step_num=first_step, _r=1):
-            per_step = self.trainer.train_loop(iterator, tf.constant(num_steps, tf.int64))
+            records = self.trainer.train_loop(iterator, tf.constant(num_steps, tf.int64))
             self.step = int(self.trainer.step.numpy())  # waits for the loop to finish
-        self.seconds["train"] += time.monotonic() - start
-        if per_step is not None:
-            self.summaries.per_step("train", self.trainer.PER_STEP_SCALARS, per_step,
+        seconds = self.clock() - start
+        self.seconds["train"] += seconds
+        per_step = seconds / max(self.step - first_step + 1, 1)
+        self._chunks += 1  # the first compiles: the second replaces its estimate
+        self._step_seconds = (per_step if self._chunks <= 2
+                              else max(self._step_seconds, per_step))
+        if records is not None:
+            self.summaries.per_step("train", self.trainer.PER_STEP_SCALARS, records,
                                     first_step)
         check_finite(self.trainer, self.step)
 
     def _interruption(self, stop):
         """Why to stop and resume later, agreed by every worker: a signal, or the time
-        budget, which one more chunk and its actions, as slow as the slowest so far,
-        could overrun (so the last save is not cut off by a scheduler's limit)."""
-        elapsed = time.monotonic() - self.started
+        budget, which the next chunk, the actions due after it and a final save could
+        overrun, each as slow as its slowest so far (so the last save is not cut off
+        by a scheduler's limit)."""
+        elapsed = self.clock() - self.started
         over_time = bool(self.max_seconds) and (
-            elapsed + self._slowest_cycle > self.max_seconds)
+            elapsed + self._next_cycle_seconds() > self.max_seconds)
         signalled, over_time = self._any_workers([stop.signum is not None, over_time])
         self._signalled = signalled
         if signalled:
@@ -229,6 +239,19 @@ class Controller:
                     f"by another chunk after {elapsed:.0f} s; relaunch with the same --workdir "
                     "to continue")
         return None
+
+    def _next_cycle_seconds(self):
+        """The longest the next chunk and the actions due after it (at least a save) may
+        take, from the longest each took so far; an action that has not run yet
+        counts 0."""
+        steps = self._chunk_steps(self.step) if not self.done else 0
+        end = self.step + steps
+        due = [i for i, a in enumerate(self.actions)
+               if actions_lib.every(end, a.every) or end in a.boundaries()
+               or (a.at_end and end >= self.trainer.train_steps)
+               or isinstance(a, actions_lib.SaveCheckpoint)]
+        return (steps * (self._step_seconds or 0.0)
+                + sum(self._action_seconds.get(i, 0.0) for i in due))
 
     def _run_actions(self):
         """Calls every due action once; a stop requested on the way makes the at-end
@@ -241,10 +264,11 @@ class Controller:
                         or (self.interrupted and not action.on_interrupt)):
                     continue
                 if action.should_run(self, self.step, logs):
-                    start = time.monotonic()
+                    start = self.clock()
                     action(self, self.step, logs)
-                    self.seconds[action.kind] = (self.seconds.get(action.kind, 0.0)
-                                                 + time.monotonic() - start)
+                    seconds = self.clock() - start
+                    self.seconds[action.kind] = self.seconds.get(action.kind, 0.0) + seconds
+                    self._action_seconds[i] = max(self._action_seconds.get(i, 0.0), seconds)
                     ran.add(i)
             self._agree_on_requests()
             if self.done == done:

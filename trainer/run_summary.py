@@ -7,7 +7,6 @@ import json
 import math
 import os
 import platform
-import time
 
 import keras
 import tensorflow as tf
@@ -43,7 +42,7 @@ def write_start(controller):
 def run_summary(controller, stopped):
     """The summary of `controller`'s run; `stopped`: why it ended early, or None."""
     trainer = controller.trainer
-    seconds = dict(controller.seconds, total=time.monotonic() - controller.started)
+    seconds = dict(controller.seconds, total=controller.clock() - controller.started)
     steps_this_run = controller.step - controller.start_step
     model = trainer.model
     return {
