@@ -208,6 +208,9 @@ def test_continuous_eval_next_to_training_evaluates_every_checkpoint_once(tmp_pa
     _, eval_log = evaluator.communicate(timeout=240)  # exits by itself
     assert evaluator.returncode == 0, eval_log[-3000:]
     assert "Evaluated the final checkpoint (step 16): done." in eval_log
+    summary = json.load(open(tmp_path / "summary_continuous_eval.json"))
+    assert summary["evaluated_steps"] == [4, 8, 12, 16] and summary["stopped"] is None
+    assert summary["ended"] == "evaluated the final checkpoint" and "accuracy" in summary["eval"]
     assert checkpoint_steps(tmp_path / "checkpoints") == [4, 8, 12, 16]
     assert sorted(s for s, _ in scalars(tmp_path, "eval").get("accuracy", [])) == [4, 8, 12, 16]  # each exactly once
     assert "eval @ step" not in training.stderr  # the training run spent nothing on eval
@@ -220,6 +223,9 @@ def test_continuous_eval_next_to_training_evaluates_every_checkpoint_once(tmp_pa
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "(step 16) was evaluated already" in again.stderr
+    summary = json.load(open(tmp_path / "summary_continuous_eval.json"))  # the relaunch's
+    assert summary["ended"] == "the final checkpoint was evaluated already"
+    assert summary["evaluated_steps"] == [] and summary["last_evaluated_step"] == 16
     assert "eval @ step" not in again.stderr
     assert sorted(s for s, _ in scalars(tmp_path, "eval").get("accuracy", [])) == [4, 8, 12, 16]
 

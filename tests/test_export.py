@@ -53,6 +53,8 @@ def test_a_fresh_process_serves_the_trained_models_predictions(tmp_path):
     build(lm_config, tmp_path / "lm").train(evaluate=False)
     execute(lm_config, str(tmp_path / "lm"), "export")
     lm_dir = str(tmp_path / "lm/export/2")
+    summary = json.load(open(tmp_path / "lm/summary_export.json"))
+    assert summary["directory"] == lm_dir and summary["checkpoint"].endswith("ckpt-2")
     tokens = np.random.default_rng(1).integers(0, 256, (3, 11), dtype=np.int32)
 
     served = serve_in_fresh_process(tmp_path, {cifar_dir: images, lm_dir: tokens})

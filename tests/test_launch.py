@@ -45,6 +45,10 @@ def test_cli_trains_resumes_and_evaluates(tmp_path):
     run = launch(tmp_path, *TINY, "--mode=eval")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "eval @ step 12" in run.stderr
+    summary = json.load(open(tmp_path / "summary_eval.json"))  # beside the run's own
+    assert (summary["mode"], summary["step"], summary["stopped"]) == ("eval", 12, None)
+    assert summary["checkpoint"].endswith("ckpt-12") and "accuracy" in summary["eval"]
+    assert json.load(open(tmp_path / "summary.json"))["steps_this_run"] == 4
 
 
 def test_misspelt_config_key_fails_before_any_work(tmp_path):
@@ -58,6 +62,8 @@ def test_eval_without_checkpoint_is_a_clear_error(tmp_path):
     run = launch(tmp_path, *TINY, "--mode=eval")
     assert run.returncode != 0
     assert "no checkpoint in" in run.stderr and "Train first" in run.stderr
+    stopped = json.load(open(tmp_path / "summary_eval.json"))["stopped"]
+    assert stopped.startswith("FileNotFoundError: --mode=eval: no checkpoint in")
 
 
 def test_unknown_task_lists_known_ones():

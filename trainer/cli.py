@@ -17,10 +17,12 @@ from trainer.controller import Controller
 from trainer.signals import Preempted
 from trainer.distribute import build_strategy, is_chief
 from trainer.evaluator import continuous_eval
-from trainer.export import export
+from trainer.export import choose_checkpoint, export
 from trainer.precision import set_policy, use_float32_layers
 from trainer.precision_check import precision_check
-from trainer.workdir import EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, check_workdir, lock_holder
+from trainer.run_summary import mode_summary
+from trainer.workdir import (EVAL_LOCK_NAME, LOCK_NAME, ChiefFiles, WorkdirLock, check_workdir,
+                             lock_holder)
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (a get_config() module).",
@@ -88,25 +90,36 @@ def run(config, strategy, workdir, mode):
     if mode == "precision_check":
         precision_check(config, strategy, workdir, tasks.get_task)
         return
+    if mode in ("eval", "continuous_eval", "export"):  # train_* write summary.json
+        with mode_summary(workdir, mode, ChiefFiles(is_chief(strategy))) as summary:
+            _run(config, strategy, workdir, mode, summary)
+    else:
+        _run(config, strategy, workdir, mode, {})
+
+
+def _run(config, strategy, workdir, mode, summary):
     set_policy(config.precision, strategy)
     task = tasks.get_task(config)
     if mode == "export":
         use_float32_layers(tuple(config.precision_overrides.float32_layers))
         if is_chief(strategy):  # one writer
-            export(config, task, workdir)
+            summary["checkpoint"] = choose_checkpoint(config, workdir)
+            summary["directory"] = export(config, task, workdir, summary["checkpoint"])
         return
     trainer = Trainer(config, task, strategy, workdir)
     if mode == "continuous_eval":
-        continuous_eval(trainer)
+        continuous_eval(trainer, summary)
     elif mode in ("eval", "sample"):
         if mode == "sample" and not hasattr(task, "sample"):
             raise ValueError(f"--mode=sample: task {config.task.name!r} cannot generate text.")
-        if not trainer.restore():
+        summary["checkpoint"] = trainer.restore()
+        if not summary["checkpoint"]:
             raise FileNotFoundError(
                 f"--mode={mode}: no checkpoint in {workdir}/checkpoints. Train "
                 "first (--mode=train_and_eval) or point --workdir at a trained run.")
         if mode == "eval":
-            Controller(trainer).evaluate()
+            summary.update(step=int(trainer.step.numpy()),
+                           eval=Controller(trainer).evaluate())
         else:
             s = config.sample
             prompt = s.prompt.encode()

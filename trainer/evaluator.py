@@ -20,10 +20,13 @@ from trainer.workdir import read_json
 STATE = "continuous_eval.json"
 
 
-def continuous_eval(trainer):
+def continuous_eval(trainer, summary=None):
     """Evaluates every checkpoint newer than the last one evaluated, in step order;
     returns once the training run's final checkpoint is evaluated, or after
-    `config.eval.timeout_seconds` without a new checkpoint."""
+    `config.eval.timeout_seconds` without a new checkpoint. `summary` (a dict) gets
+    the steps evaluated, the last results and why it ended."""
+    summary = {} if summary is None else summary
+    summary.update(evaluated_steps=[], eval=None)
     config = trainer.config
     if config.trainer.early_stop_patience:
         raise ValueError(
@@ -43,7 +46,9 @@ def continuous_eval(trainer):
     last = state["last_evaluated_step"] if state else -1
     directory = trainer.checkpoints.directory
     timeout = config.eval.timeout_seconds
+    summary["last_evaluated_step"] = last
     if last >= _final_step(trainer):
+        summary["ended"] = "the final checkpoint was evaluated already"
         logging.info("The final checkpoint (step %d) was evaluated already: done.", last)
         return None
     logging.info("Watching %s for checkpoints (%s; gives up after %s s without a new one).",
@@ -64,9 +69,13 @@ def continuous_eval(trainer):
             controller.summaries.flush()
             last = step
             controller.files.write_json(state_path, {"last_evaluated_step": step})
+            summary["evaluated_steps"].append(step)
+            summary.update(last_evaluated_step=step, eval=controller.last_eval)
             if step >= _final_step(trainer):
+                summary["ended"] = "evaluated the final checkpoint"
                 logging.info("Evaluated the final checkpoint (step %d): done.", step)
                 return controller.last_eval
+    summary["ended"] = f"no new checkpoint for {timeout} s"
     logging.info("No new checkpoint in %s for %s s: done (last evaluated: step %d).",
                  directory, timeout, last)
     return controller.last_eval

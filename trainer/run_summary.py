@@ -1,12 +1,16 @@
 """What a run records of itself: at its start `config.json`, the config in
 TensorBoard (text and HParams); at its end, for any reason (train_steps reached,
-early stop, time budget, signal, divergence, a failure), `summary.json`."""
+early stop, time budget, signal, divergence, a failure), `summary.json`. The
+other modes write `summary_<mode>.json` beside it (`mode_summary`), so an
+evaluation or an export never replaces the training run's summary."""
 
+import contextlib
 import importlib.metadata
 import json
 import math
 import os
 import platform
+import time
 
 import keras
 import tensorflow as tf
@@ -69,9 +73,33 @@ def run_summary(controller, stopped):
         # counted from the shapes: no copy of the weights to the host
         "parameters": {"trainable": sum(math.prod(v.shape) for v in model.trainable_weights),
                        "total": model.count_params()},
-        "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,
-                     "keras": keras.__version__, "tftrainer": _version("tftrainer")},
+        "versions": versions(),
     }
+
+
+def versions():
+    return {"python": platform.python_version(), "tensorflow": tf.__version__,
+            "keras": keras.__version__, "tftrainer": _version("tftrainer")}
+
+
+@contextlib.contextmanager
+def mode_summary(workdir, mode, files):
+    """Writes `workdir/summary_<mode>.json` (through `files`, a ChiefFiles) however the
+    mode ends: the dict yielded, which the mode fills, with `mode`, `seconds`,
+    `versions` and `stopped` (None, or the error that ended it)."""
+    started, summary, stopped = time.monotonic(), {"mode": mode}, None
+    try:
+        yield summary
+    except BaseException as error:
+        stopped = f"{type(error).__name__}: {str(error).strip()[:500]}"
+        raise
+    finally:
+        summary.update(stopped=stopped, seconds=round(time.monotonic() - started, 2),
+                       versions=versions())
+        try:
+            files.write_json(os.path.join(workdir, f"summary_{mode}.json"), summary)
+        except Exception as write_error:  # noqa: BLE001  (the mode's own error matters more)
+            logging.error("summary_%s.json not written: %s", mode, write_error)
 
 
 def write_summary(controller, stopped):
