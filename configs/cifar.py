@@ -77,6 +77,9 @@ def get_config():
         eval_every=500,
         checkpoint_every=500,
         max_to_keep=3,
+        # Saves block only to copy the values to host memory; a thread writes the files.
+        # on | off | auto: on for one process on CPU/GPU, off on TPU and multi-worker.
+        async_checkpoint="auto",
         max_nonfinite_steps=0,     # non-finite steps in a row that stop the run;
                                    # 0: 100 with float16 loss scaling, else 1
 

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import keras
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import tasks
-from conftest import build, checkpoint_steps, tiny_config
+from conftest import build, checkpoint_steps, tiny_config, two_replicas
 from trainer import Trainer
 from trainer.checkpoints import IncompatibleCheckpointError
 from trainer.workdir import WorkdirLock, check_workdir
@@ -176,11 +177,16 @@ def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(tmp_pat
     killed = subprocess.Popen(args + [f"--workdir={tmp_path / 'killed'}"], cwd=ROOT, env=env,
                               stderr=subprocess.PIPE, text=True)
     for line in killed.stderr:
-        if "step 15/30" in line:  # checkpoint 10 is written, steps 11-15 will be lost
-            killed.kill()
+        if "step 15/30" in line:  # steps after the newest checkpoint will be lost
             break
+    # (ckpt-10 is written asynchronously: named once complete)
+    deadline = time.monotonic() + 60
+    while 10 not in checkpoint_steps(tmp_path / "killed" / "checkpoints"):
+        assert time.monotonic() < deadline, "ckpt-10 never completed"
+        time.sleep(0.05)
+    killed.kill()
     killed.wait(timeout=60)
-    assert checkpoint_steps(tmp_path / "killed" / "checkpoints") == [10]
+    assert 30 not in checkpoint_steps(tmp_path / "killed" / "checkpoints")
     whole_log = whole.communicate(timeout=300)[1]
     assert whole.returncode == 0, whole_log[-2000:]
     resumed = subprocess.run(args + [f"--workdir={tmp_path / 'killed'}"], cwd=ROOT, env=env,
@@ -261,3 +267,33 @@ def test_model_state_of_layers_in_a_list_is_checkpointed(tmp_path):
     fresh.restore()
     for i, name in enumerate(names):
         np.testing.assert_array_equal(fresh.variable_names[name].numpy(), float(i + 1))
+
+
+def test_async_checkpoints_hold_the_values_of_their_step(tmp_path):
+    # Two replicas (Mirrored variables, per-replica BN statistics): each checkpoint a
+    # background thread writes while training goes on equals a blocking save's.
+    config = {"model.name": "resnet", "model.width": 4, "model.blocks_per_stage": 1,
+              "trainer.train_steps": 10, "trainer.checkpoint_every": 5,
+              "trainer.deterministic": True}
+    for mode in ("on", "off"):
+        trainer = build(tiny_config(**config, **{"trainer.async_checkpoint": mode}),
+                        tmp_path / mode, two_replicas())
+        assert trainer.checkpoints.options.enable_async is (mode == "on")
+        trainer.train(evaluate=False)
+        assert checkpoint_steps(tmp_path / mode / "checkpoints") == [5, 10]
+    for step in (5, 10):
+        a, b = (tf.train.load_checkpoint(str(tmp_path / mode / f"checkpoints/ckpt-{step}"))
+                for mode in ("on", "off"))
+        names = [n for n in a.get_variable_to_shape_map() if n.startswith("model/")]
+        assert len(names) > 20
+        for name in names:
+            np.testing.assert_array_equal(a.get_tensor(name), b.get_tensor(name), err_msg=name)
+
+
+def test_async_checkpoint_setting_is_checked():
+    from trainer.checkpoints import async_checkpoint
+    config = tiny_config().trainer
+    assert async_checkpoint(config, two_replicas())
+    with pytest.raises(ValueError, match="async_checkpoint='yes' must be 'on', 'off' or 'auto'"):
+        async_checkpoint(tiny_config(**{"trainer.async_checkpoint": "yes"}).trainer,
+                         two_replicas())

@@ -36,15 +36,23 @@ class Checkpoints:
     Every worker must call `save` (a save holds collectives); only the chief
     writes `directory`, the others write to a temporary directory that is
     removed at once.
+
+    With `async_save`, `save` blocks only while the values are copied to host
+    memory; a thread writes the files, and the manager names the checkpoint in
+    `directory/checkpoint` (where restores and the continuous evaluator look)
+    only once they are complete. `sync()` waits for that: call it before
+    reading the files in this process (`restore` does).
     """
 
-    def __init__(self, named, others, directory, step, max_to_keep, is_chief):
+    def __init__(self, named, others, directory, step, max_to_keep, is_chief,
+                 async_save=False):
         self.named, self.directory, self.step, self.is_chief = (
             named, directory, step, is_chief)
         self.checkpoint = checkpoint = make_checkpoint(named, **others)
         self.manager = tf.train.CheckpointManager(
             checkpoint, directory if is_chief else tempfile.mkdtemp(),
             max_to_keep=max_to_keep, step_counter=step)
+        self.options = tf.train.CheckpointOptions(enable_async=async_save)
         self.saved_step = None  # the step of the newest checkpoint restored or saved
 
     @property
@@ -55,10 +63,16 @@ class Checkpoints:
         """Saves at the current step, unless the newest checkpoint is already of it."""
         step = int(self.step.numpy())
         if step != self.saved_step:
-            self.manager.save(checkpoint_number=self.step)
+            self.manager.save(checkpoint_number=self.step, options=self.options)
             self.saved_step = step
             if not self.is_chief:
+                self.sync()
                 shutil.rmtree(self.manager.directory, ignore_errors=True)
+
+    def sync(self):
+        """Waits until the files of every save so far are complete (at once if they are);
+        raises the error of a failed asynchronous write."""
+        self.manager.sync()
 
     def write(self, prefix):
         """Writes the state to `prefix` outside the rotation (e.g. the best checkpoint);
@@ -78,6 +92,7 @@ class Checkpoints:
         variable is changed, for a checkpoint that reads fine but does not fit
         (see `check_fits`), RuntimeError when no checkpoint can be read.
         """
+        self.sync()  # an asynchronous save of this process is complete
         if path:
             paths = [path]
         else:
@@ -112,6 +127,23 @@ class Checkpoints:
                                f"{', '.join(paths)}); nothing was deleted. Move the directory "
                                "away to start from scratch.")
         return None
+
+
+def async_checkpoint(trainer_config, strategy):
+    """Whether saves are asynchronous. `trainer.async_checkpoint`: "on", "off", or
+    "auto": on for the strategies of one process on CPU or GPU, where it is tested;
+    off on TPU (not run here) and under MultiWorkerMirroredStrategy, where every
+    worker saves together (a save holds collectives) and a background write
+    would let one worker's files lag the others' (the non-chiefs wait for theirs)."""
+    value = str(trainer_config.get("async_checkpoint", "auto")).lower()
+    choices = {"on": True, "true": True, "off": False, "false": False}
+    if value == "auto":
+        return not isinstance(strategy, (tf.distribute.MultiWorkerMirroredStrategy,
+                                         tf.distribute.TPUStrategy))
+    if value not in choices:
+        raise ValueError(f"trainer.async_checkpoint={trainer_config.async_checkpoint!r} "
+                         "must be 'on', 'off' or 'auto'.")
+    return choices[value]
 
 
 def check_fits(path, named, saved, version):

@@ -176,6 +176,7 @@ class Controller:
             finally:
                 for action in self.actions:
                     action.end(self)
+                trainer.checkpoints.sync()  # nothing ends with a checkpoint half-written
         self.summaries.flush()
         write_summary(self, self.interrupted or self.stop_reason)
         if self._signalled:

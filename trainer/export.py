@@ -177,6 +177,7 @@ class Export(Action):
 
     def __call__(self, controller, step, logs):
         trainer = controller.trainer
+        trainer.checkpoints.sync()  # the final save's files are complete
         export(trainer.config, trainer.task, trainer.workdir,
                choose_checkpoint(trainer.config, trainer.workdir),
                layer_policies=[layer.dtype_policy for layer in

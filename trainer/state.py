@@ -17,6 +17,7 @@ the model in the same process, a relaunch). Names are what `init.include`,
 import collections
 import re
 
+import keras
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
@@ -111,8 +112,15 @@ def optimizer_variables(optimizer, trained):
 
 
 def node(variables):
-    """A checkpoint node with each of {name: variable} as a child of that name."""
-    return tf.train.Checkpoint(**variables)
+    """A checkpoint node with each of {name: variable} as a child of that name.
+
+    A Keras variable is saved through the backend `tf.Variable` it wraps: the same
+    tensors under the same names, but Keras 3's own `_copy_trackable_to_cpu`
+    creates a new tf.Variable at every call, which an asynchronous save (a
+    tf.function, once per save) refuses after the first.
+    """
+    return tf.train.Checkpoint(**{name: v.value if isinstance(v, keras.Variable) else v
+                                  for name, v in variables.items()})
 
 
 def layout_variable():

@@ -15,7 +15,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer.accumulation import accumulate, batch_micro_steps, check_accumulation_steps
-from trainer.checkpoints import Checkpoints
+from trainer.checkpoints import Checkpoints, async_checkpoint
 from trainer.actions import format_metrics
 from trainer.controller import Controller, check_trainer_config
 from trainer.distribute import is_chief
@@ -122,7 +122,7 @@ class Trainer:
              "optimizer": optimizer_variables(self.optimizer, trained)},
             dict(loss_scale=self.loss_scale, step=self.step),
             os.path.join(workdir, "checkpoints"), self.step, config.trainer.max_to_keep,
-            self.is_chief)
+            self.is_chief, async_save=async_checkpoint(config.trainer, strategy))
         self._compute_gradients = tf.function(
             self._forward_backward, jit_compile=bool(config.trainer.jit_compile))
         self.train_loop = tf.function(self._train_loop_fn)
