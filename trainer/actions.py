@@ -22,6 +22,7 @@ import sys
 import keras
 from absl import logging
 
+from trainer.goodput import bottleneck, breakdown
 from trainer.optimizers import build_learning_rate
 from trainer.plugins import import_object
 
@@ -76,15 +77,20 @@ class LogTrain(Action):
 
     def __init__(self, every):
         self.every = every
-        self._last = None  # (step, train seconds) of the previous log
+        self._last = None  # (step, the controller's seconds by kind, clock) at the last log
 
     def __call__(self, controller, step, logs):
-        last_step, last_seconds = self._last or (controller.start_step, 0.0)
+        last_step, last_seconds, last_time = self._last or (
+            controller.start_step, {}, controller.loop_started)
         if step == last_step:
             return  # nothing trained since the previous log
         trainer = controller.trainer
-        seconds = controller.train_seconds - last_seconds  # evaluation and saves excluded
-        self._last = (step, controller.train_seconds)
+        now = controller.clock()
+        spent = {k: v - last_seconds.get(k, 0.0) for k, v in controller.seconds.items()}
+        seconds = spent["train"]  # evaluation and saves excluded
+        self._last = (step, dict(controller.seconds), now)
+        # Where the loop's time went since the last log (time/ in TensorBoard).
+        shares = breakdown(spent, now - last_time)
         results = train_results(trainer)
         steps_per_sec = (step - last_step) / max(seconds, 1e-9)
         examples_per_sec = steps_per_sec * trainer.examples_per_step
@@ -100,12 +106,15 @@ class LogTrain(Action):
         controller.summaries.scalars("train", {  # the others went out at every step
             k: v for k, v in scalars.items()
             if not (trainer.per_step_summaries and k in trainer.PER_STEP_SCALARS)}, step)
+        controller.summaries.scalars("train", {f"time/{k}": v for k, v in shares.items()},
+                                     step)
+        bound = bottleneck(shares)
         logs.update({f"train/{k}": v for k, v in scalars.items()})
         metrics = {m.name: results[m.name] for m in trainer.train_metrics}
         eta = (trainer.train_steps - step) / max(steps_per_sec, 1e-9)
-        logging.info("step %d/%d: %s | %.0f ex/s%s, %.2f steps/s, ETA %s", step,
+        logging.info("step %d/%d: %s | %.0f ex/s%s, %.2f steps/s, ETA %s%s", step,
                      trainer.train_steps, format_metrics(metrics), examples_per_sec, tokens,
-                     steps_per_sec, format_duration(eta))
+                     steps_per_sec, format_duration(eta), f" | {bound}" if bound else "")
 
 
 def train_results(trainer):

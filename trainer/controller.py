@@ -22,6 +22,7 @@ from trainer import actions as actions_lib
 from trainer.best import BestCheckpoint
 from trainer.divergence import check_finite
 from trainer.export import Export, check_export
+from trainer.goodput import Ledger, launch_start
 from trainer.numerics import NumericsLog
 from trainer.precision import layers_of
 from trainer.profiler import Profile, check_profile_steps
@@ -50,6 +51,7 @@ class Controller:
         config, tc = trainer.config, trainer.config.trainer
         self.summaries = Summaries(trainer.workdir, trainer.is_chief)
         self.files = ChiefFiles(trainer.is_chief)  # what actions write besides summaries
+        self.ledger = Ledger(trainer.workdir, trainer.is_chief)  # where the time went
         self.actions = [actions_lib.LogTrain(tc.log_every),
                         actions_lib.SaveCheckpoint(tc.checkpoint_every)]
         if tc.early_stop_patience and not evaluate:
@@ -85,7 +87,8 @@ class Controller:
         self.max_seconds = tc.max_seconds
         self.step = self.start_step = int(trainer.step.numpy())
         # This process's wall time: in the compiled train loop, and in actions by kind.
-        self.seconds = {"train": 0.0, "eval": 0.0, "checkpoint": 0.0, "other": 0.0}
+        self.seconds = {"train": 0.0, "input_wait": 0.0, "eval": 0.0, "checkpoint": 0.0,
+                        "other": 0.0}
         self.clock = time.monotonic  # (a test's fake clock)
         # For the time budget: the longest a step has taken (a compiling first chunk
         # only until another chunk ran) and the longest each action has taken.
@@ -141,12 +144,16 @@ class Controller:
         trainer = self.trainer
         self.started = self.clock()
         trainer.restore_or_warm_start()
+        restore_seconds = self.clock() - self.started
         self.step = self.start_step = int(trainer.step.numpy())
         iterator = iter(trainer.distributed_dataset("train"))  # bad data fails before any write
         for action in self.actions:
             action.begin(self)
         write_start(self)
         self._agree_on_requests()
+        self.ledger.start(launch_start(trainer.created), self.step, restore_seconds,
+                          self.seconds)
+        self.loop_started = self.clock()
         # From here on, a run ends with summary.json (before: a failure leaves the
         # previous run's summary as it was).
         with StopOnSignal() as stop:
@@ -155,10 +162,13 @@ class Controller:
                     logging.info("Nothing to train at step %d: %s.", self.step,
                                  self.stop_reason or f"train_steps={trainer.train_steps} reached")
                     self._run_actions()  # evaluate at the end, as an uninterrupted run would
+                    self.ledger.cycle(self.step, 0, self.seconds)
                 while not self.done:
+                    first_step = self.step
                     self._train_chunk(iterator)
                     self.interrupted = self._interruption(stop)
                     self._run_actions()
+                    self.ledger.cycle(self.step, self.step - first_step, self.seconds)
                     if self.interrupted:
                         break
             except Exception as error:  # divergence, a failed worker, a bug: still summed up
@@ -210,16 +220,17 @@ class Controller:
         # A profiler step for TensorBoard's Profile tab (a no-op unless profiling).
         first_step = self.step + 1
         with tf.profiler.experimental.Trace("train", step_num=first_step, _r=1):
-            records = self.trainer.train_loop(iterator, tf.constant(num_steps, tf.int64))
+            out = self.trainer.train_loop(iterator, tf.constant(num_steps, tf.int64))
             self.step = int(self.trainer.step.numpy())  # waits for the loop to finish
         seconds = self.clock() - start
-        self.seconds["train"] += seconds
+        self.seconds["train"] += seconds  # input_wait included
+        self.seconds["input_wait"] += float(out["input_wait"])
         per_step = seconds / max(self.step - first_step + 1, 1)
         self._chunks += 1  # the first compiles: the second replaces its estimate
         self._step_seconds = (per_step if self._chunks <= 2
                               else max(self._step_seconds, per_step))
-        if records is not None:
-            self.summaries.per_step("train", self.trainer.PER_STEP_SCALARS, records,
+        if "per_step" in out:
+            self.summaries.per_step("train", self.trainer.PER_STEP_SCALARS, out["per_step"],
                                     first_step)
         check_finite(self.trainer, self.step)
 

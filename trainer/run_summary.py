@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from trainer import goodput
 from trainer.accumulation import warn_if_the_stream_moves
 from trainer.workdir import is_local, read_json
 
@@ -57,6 +58,9 @@ def run_summary(controller, stopped):
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
         "examples_per_sec": round(steps_this_run * trainer.examples_per_step
                                   / max(seconds["train"], 1e-9), 1),
+        # shares of the loop's wall time: input wait, compiled step, saves, eval, host
+        "time_breakdown": goodput.breakdown(controller.seconds,
+                                            controller.clock() - controller.loop_started),
         # model FLOPs utilization over this run's train seconds (trainer/flops.py)
         "mfu": (trainer.utilization.mfu(steps_this_run / max(seconds["train"], 1e-9))
                 if steps_this_run else None),
@@ -103,8 +107,20 @@ def mode_summary(workdir, mode, files):
 
 
 def write_summary(controller, stopped):
-    """Logs the summary and writes it (chief only) to `workdir/summary.json`."""
+    """Logs the summary and writes it (chief only) to `workdir/summary.json`, with the
+    goodput of every launch so far (also in TensorBoard and as a table)."""
     summary = run_summary(controller, stopped)
+    controller.ledger.end(controller.step, stopped)
+    if controller.is_chief:
+        summary["goodput"] = report = goodput.account(controller.ledger.read())
+        if report:
+            goodput.log_table(report)
+            controller.summaries.scalars("train", dict(
+                {"goodput/goodput": report["goodput"] or 0.0,
+                 "goodput/productive_seconds": report["productive_seconds"]},
+                **{f"goodput/{k}_seconds": v for k, v in report["badput_seconds"].items()}),
+                controller.step)
+            controller.summaries.flush()
     controller.files.write_json(os.path.join(controller.trainer.workdir, "summary.json"),
                                 summary)
     logging.info("Done: %s", json.dumps({k: summary[k] for k in (

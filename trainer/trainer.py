@@ -9,6 +9,7 @@ around both (logging, checkpoints, evaluation, stopping) `trainer/controller.py`
 
 import contextlib
 import os
+import time
 
 import keras
 import tensorflow as tf
@@ -52,6 +53,7 @@ class Trainer:
     PER_STEP_SCALARS = ("loss", "learning_rate", "loss_scale", "grad_norm")
 
     def __init__(self, config, task, strategy, workdir):
+        self.created = time.time()  # (a launch's start, after the first in a process)
         self.config = config
         self.task = task
         self.strategy = strategy
@@ -263,14 +265,21 @@ class Trainer:
         """`num_steps` train steps in one compiled call (a graph while-loop); stops
         early once `max_nonfinite_steps` steps in a row were non-finite.
 
-        With `trainer.per_step_summaries`, returns [steps run, 4]: each step's
-        `PER_STEP_SCALARS`, for `Summaries.per_step`.
+        Returns {"input_wait": seconds spent waiting for the next batch} and, with
+        `trainer.per_step_summaries`, "per_step": [steps run, 4], each step's
+        `PER_STEP_SCALARS` (for `Summaries.per_step`).
         """
         records = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
+        input_wait = tf.constant(0.0, tf.float64)
         for i in tf.range(num_steps):
             if self.nonfinite_streak >= self.max_nonfinite_steps:
                 break
-            features, labels = next(iterator)
+            asked = tf.timestamp()  # host clock: how long the input pipeline keeps us waiting
+            with tf.control_dependencies([asked]):
+                features, labels = next(iterator)
+            with tf.control_dependencies(tf.nest.flatten((features, labels),
+                                                         expand_composites=True)):
+                input_wait += tf.timestamp() - asked
             learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)  # this step's
             loss_scale = tf.identity(self.loss_scale.scale)
             loss, grad_norm = self.strategy.run(self.train_step, args=(features, labels))
@@ -278,7 +287,9 @@ class Trainer:
                 first = self.strategy.experimental_local_results  # equal on every replica
                 records = records.write(tf.cast(i, tf.int32), tf.stack(
                     [first(loss)[0], learning_rate, loss_scale, first(grad_norm)[0]]))
-        return records.stack() if self.per_step_summaries else None
+        if self.per_step_summaries:
+            return {"input_wait": input_wait, "per_step": records.stack()}
+        return {"input_wait": input_wait}
 
     # ------------------------------------------------------- called by the host
 
