@@ -128,9 +128,10 @@ def trainer_contender(name, config, task, strategy, steps_per_loop, workdir, ove
         t0 = time.perf_counter()
         for _ in range(steps // steps_per_loop):
             first_step = int(trainer.step.numpy()) + 1
-            records = trainer.train_loop(iterator, tf.constant(steps_per_loop, tf.int64))
-            if records is not None:
-                summaries.per_step("train", trainer.PER_STEP_SCALARS, records, first_step)
+            out = trainer.train_loop(iterator, tf.constant(steps_per_loop, tf.int64))
+            if "per_step" in out:
+                summaries.per_step("train", trainer.PER_STEP_SCALARS, out["per_step"],
+                                   first_step)
         trainer.step.numpy()  # wait for the device
         return time.perf_counter() - t0
     return Contender(name, run, steps_per_loop, trainer.accumulation_steps)

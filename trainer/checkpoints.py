@@ -57,6 +57,8 @@ class Checkpoints:
 
     @property
     def latest(self):
+        """The newest checkpoint, once this process's saves are complete."""
+        self.sync()
         return tf.train.latest_checkpoint(self.directory)
 
     def save(self):

@@ -41,6 +41,16 @@ def _step_variable(name):
                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
 
+def _clock_allowed():
+    """Whether `tf.timestamp` runs: op determinism (`trainer.deterministic`, or enabled
+    by anything else in the process, for good) refuses it."""
+    try:
+        tf.timestamp()
+        return True
+    except tf.errors.FailedPreconditionError:
+        return False
+
+
 class Trainer:
     """Trains and evaluates `task` under `strategy` as `config.trainer` says.
 
@@ -77,6 +87,7 @@ class Trainer:
             # With the step-derived input order of the tasks, this makes a resumed
             # run bitwise equal to an uninterrupted one (on CPU; slower kernels).
             tf.config.experimental.enable_op_determinism()
+        self.times_input = _clock_allowed()  # (after determinism is set)
         float32_layers = tuple(config.precision_overrides.float32_layers)
         use_float32_layers(float32_layers)
         self.policy = policy_name()
@@ -265,7 +276,8 @@ class Trainer:
         """`num_steps` train steps in one compiled call (a graph while-loop); stops
         early once `max_nonfinite_steps` steps in a row were non-finite.
 
-        Returns {"input_wait": seconds spent waiting for the next batch} and, with
+        Returns {"input_wait": seconds spent waiting for the next batch (0 under op
+        determinism, which refuses a clock)} and, with
         `trainer.per_step_summaries`, "per_step": [steps run, 4], each step's
         `PER_STEP_SCALARS` (for `Summaries.per_step`).
         """
@@ -274,12 +286,15 @@ class Trainer:
         for i in tf.range(num_steps):
             if self.nonfinite_streak >= self.max_nonfinite_steps:
                 break
-            asked = tf.timestamp()  # host clock: how long the input pipeline keeps us waiting
-            with tf.control_dependencies([asked]):
+            if not self.times_input:
                 features, labels = next(iterator)
-            with tf.control_dependencies(tf.nest.flatten((features, labels),
-                                                         expand_composites=True)):
-                input_wait += tf.timestamp() - asked
+            else:  # the host clock: how long the input pipeline keeps the step waiting
+                asked = tf.timestamp()
+                with tf.control_dependencies([asked]):
+                    features, labels = next(iterator)
+                with tf.control_dependencies(tf.nest.flatten((features, labels),
+                                                             expand_composites=True)):
+                    input_wait += tf.timestamp() - asked
             learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)  # this step's
             loss_scale = tf.identity(self.loss_scale.scale)
             loss, grad_norm = self.strategy.run(self.train_step, args=(features, labels))
