@@ -1,15 +1,19 @@
 """Where the time went: the goodput ledger over launches, the step-time breakdown."""
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
-import tensorflow as tf
 
 from conftest import build, scalars, tiny_config
 from trainer.actions import Action
 from trainer.controller import Controller
 from trainer.goodput import BUCKETS, LEDGER
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class _KillAt(Action):
@@ -48,32 +52,49 @@ def test_goodput_adds_up_over_a_kill_and_a_relaunch_and_counts_the_redone_steps(
     assert events[-1]["event"] == "end" and events[-1]["step"] == 30
     assert report["wall_seconds"] == pytest.approx(
         events[-1]["time"] - events[0]["process_start"], abs=0.01)
-    assert report["goodput"] == pytest.approx(
-        report["productive_seconds"] / report["wall_seconds"], abs=1e-3)
+    assert report["goodput"] == pytest.approx(  # (of the unrounded seconds)
+        report["productive_seconds"] / report["wall_seconds"], rel=0.02)
     assert scalars(tmp_path, "train")["goodput/goodput"][-1] == (30, pytest.approx(
         report["goodput"], abs=1e-4))
 
 
-def test_an_input_bound_run_is_named_in_the_log_and_the_breakdown(tmp_path, caplog):
-    caplog.set_level("INFO")
-    config = tiny_config(**{"trainer.train_steps": 20, "trainer.steps_per_loop": 5,
-                            "trainer.log_every": 10, "trainer.eval_every": 0})
-    trainer = build(config, tmp_path)
-    build_inputs = trainer.task.build_inputs
+# Its own process: op determinism, which another test may have turned on for good in
+# this one, refuses the clock that times the input.
+SLOW_INPUT_RUN = """
+import sys, time
+import tensorflow as tf
+from absl import logging
+from conftest import build, tiny_config
+logging.set_verbosity("info")
+config = tiny_config(**{"trainer.train_steps": 30, "trainer.steps_per_loop": 5,
+                        "trainer.log_every": 10, "trainer.eval_every": 0,
+                        "trainer.checkpoint_every": 0})
+trainer = build(config, sys.argv[1])
+build_inputs = trainer.task.build_inputs
 
-    def slow(split, context, start):  # 50 ms per training batch, nothing ahead
-        def sleep(x):
-            time.sleep(0.05)
-            return x
-        return build_inputs(split, context, start).map(lambda f, l: (tf.ensure_shape(
-            tf.numpy_function(sleep, [f], f.dtype, stateful=True), f.shape), l))
+def slow(split, context, start):  # 100 ms per training batch, nothing read ahead
+    def sleep(x):
+        time.sleep(0.1)
+        return x
+    return build_inputs(split, context, start).map(lambda f, l: (tf.ensure_shape(
+        tf.numpy_function(sleep, [f], f.dtype, stateful=True), f.shape), l))
 
-    trainer.task.build_inputs = slow
-    trainer.train(evaluate=False)
-    line = next(r.getMessage() for r in caplog.records if "step 20/20" in r.getMessage())
+trainer.task.build_inputs = slow
+trainer.train(evaluate=False)
+"""
+
+
+def test_an_input_bound_run_is_named_in_the_log_and_the_breakdown(tmp_path):
+    run = subprocess.run([sys.executable, "-c", SLOW_INPUT_RUN, str(tmp_path)], cwd=HERE,
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    line = next(l for l in run.stderr.splitlines() if "step 30/30" in l)
     assert "input-bound: " in line and "% waiting on data" in line
+    last = {tag[5:]: values[-1] for tag, values in scalars(tmp_path, "train").items()
+            if tag.startswith("time/")}  # the interval 20..30, compiled long before
+    assert {step for step, _ in last.values()} == {30}
+    assert max(last, key=lambda k: last[k][1]) == "input_wait"
     shares = json.load(open(tmp_path / "summary.json"))["time_breakdown"]
-    assert shares["input_wait"] > 0.4 and shares["input_wait"] > shares["step"]
+    assert set(shares) == set(last) and shares["input_wait"] > 0.3
     assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
-    logged = scalars(tmp_path, "train")
-    assert logged["time/input_wait"][-1][1] > 0.4  # the interval 10..20: all steady state

@@ -10,6 +10,7 @@ with what differs: falling back would silently train something else.
 import os
 import shutil
 import tempfile
+import weakref
 
 import tensorflow as tf
 from absl import logging
@@ -27,6 +28,9 @@ def make_checkpoint(named, **others):
     {...}}, see trainer/state.py), the layout version and `others` (trackables)."""
     return tf.train.Checkpoint(**{n: node(named[n]) for n in SAVED_NODES},
                                layout=layout_variable(), **others)
+
+
+_LIVE = weakref.WeakSet()  # every Checkpoints of this process, for `sync`
 
 
 class Checkpoints:
@@ -54,6 +58,7 @@ class Checkpoints:
             max_to_keep=max_to_keep, step_counter=step)
         self.options = tf.train.CheckpointOptions(enable_async=async_save)
         self.saved_step = None  # the step of the newest checkpoint restored or saved
+        _LIVE.add(self)
 
     @property
     def latest(self):
@@ -68,13 +73,15 @@ class Checkpoints:
             self.manager.save(checkpoint_number=self.step, options=self.options)
             self.saved_step = step
             if not self.is_chief:
-                self.sync()
+                self.manager.sync()
                 shutil.rmtree(self.manager.directory, ignore_errors=True)
 
     def sync(self):
-        """Waits until the files of every save so far are complete (at once if they are);
-        raises the error of a failed asynchronous write."""
-        self.manager.sync()
+        """Waits until the files of every save of this process so far are complete (of
+        any Checkpoints: another Trainer on the same workdir too); raises the error of
+        a failed asynchronous write."""
+        for checkpoints in list(_LIVE):
+            checkpoints.manager.sync()
 
     def write(self, prefix):
         """Writes the state to `prefix` outside the rotation (e.g. the best checkpoint);
