@@ -72,7 +72,8 @@ def test_two_workers_train_alike_and_only_the_chief_writes(tmp_path):
     assert_same_weights(tmp_path, 20)
     assert checkpoints(workdir) == [10, 20]
     written = sorted(n for n in os.listdir(workdir) if not n.startswith("events.out"))
-    assert written == ["best", "checkpoints", "config.json", "eval", "summary.json", "train"]
+    assert written == ["best", "checkpoints", "config.json", "eval", "goodput.jsonl",
+                       "summary.json", "train"]
     assert json.load(open(workdir / "summary.json"))["replicas"] == 2
     for i in range(2):  # the config's action ran on every worker at its steps
         assert open(tmp_path / f"worker{i}.npz.steps").read().split() == ["5", "10", "15", "20"]
