@@ -20,6 +20,10 @@ def get_config():
     # every: gradient telemetry every N steps (numerics/ in TensorBoard, numerics.json at
     # the end; 0: off, nothing added to the step). check_steps: --mode=precision_check.
     c.numerics = ml_collections.ConfigDict(dict(every=0, check_steps=20))
+    # --mode=find_lr: `steps` steps with the learning rate growing exponentially from
+    # min_lr to max_lr, stopped once the smoothed loss passes `diverge` times its minimum.
+    c.find_lr = ml_collections.ConfigDict(dict(min_lr=1e-7, max_lr=10.0, steps=100,
+                                               diverge=4.0))
 
     # module: a Task module of your own to import first (it registers `name`), e.g.
     # "my_task" for a my_task.py next to your config file.

@@ -16,6 +16,8 @@ def get_config():
     c.precision = "auto"
     c.precision_overrides = ml_collections.ConfigDict(dict(float32_layers=()))  # see cifar.py
     c.numerics = ml_collections.ConfigDict(dict(every=0, check_steps=20))  # see cifar.py
+    c.find_lr = ml_collections.ConfigDict(dict(  # see cifar.py
+        min_lr=1e-7, max_lr=10.0, steps=100, diverge=4.0))
     c.task = ml_collections.ConfigDict(dict(name="lm", module=""))  # module: see cifar.py
     c.model = ml_collections.ConfigDict(dict(
         seq_len=128, num_layers=4, d_model=128, num_heads=4, mlp_dim=512, dropout=0.0,

@@ -18,6 +18,7 @@ from trainer.signals import Preempted
 from trainer.distribute import build_strategy, is_chief
 from trainer.evaluator import continuous_eval
 from trainer.export import choose_checkpoint, export
+from trainer.lr_finder import find_lr
 from trainer.precision import set_policy, use_float32_layers
 from trainer.precision_check import precision_check
 from trainer.run_summary import mode_summary
@@ -30,14 +31,15 @@ config_flags.DEFINE_config_file("config", None, "Config file (a get_config() mod
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, summaries and config.json.")
 flags.DEFINE_enum("mode", "train_and_eval",
                   ["train", "eval", "train_and_eval", "continuous_eval", "sample",
-                   "precision_check", "export"],
+                   "precision_check", "export", "find_lr"],
                   "train: train only; eval: evaluate the latest checkpoint; "
                   "train_and_eval: train, evaluating every trainer.eval_every steps; "
                   "continuous_eval: evaluate each new checkpoint a --mode=train run writes; "
                   "sample: print text from the latest checkpoint (language models); "
                   "precision_check: the mixed policy against float32, layer by layer, "
                   "for numerics.check_steps steps; export: a SavedModel for serving of the "
-                  "best or latest checkpoint (or export.checkpoint) in workdir/export/.")
+                  "best or latest checkpoint (or export.checkpoint) in workdir/export/; "
+                  "find_lr: the learning-rate range test, which prints the rate to use.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -105,6 +107,9 @@ def _run(config, strategy, workdir, mode, summary):
         if is_chief(strategy):  # one writer
             summary["checkpoint"] = choose_checkpoint(config, workdir)
             summary["directory"] = export(config, task, workdir, summary["checkpoint"])
+        return
+    if mode == "find_lr":
+        find_lr(config, task, strategy, workdir)
         return
     trainer = Trainer(config, task, strategy, workdir)
     if mode == "continuous_eval":
