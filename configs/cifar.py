@@ -24,6 +24,11 @@ def get_config():
     # min_lr to max_lr, stopped once the smoothed loss passes `diverge` times its minimum.
     c.find_lr = ml_collections.ConfigDict(dict(min_lr=1e-7, max_lr=10.0, steps=100,
                                                diverge=4.0))
+    # --mode=find_batch_size: doubling from `start` (0: data.global_batch_size), then a
+    # binary search over multiples of `multiple_of`; a trial runs `steps_per_trial` steps
+    # and fails out of memory or past memory_budget_gb (> 0) of allocator peak.
+    c.find_batch_size = ml_collections.ConfigDict(dict(
+        start=0, max_trials=12, steps_per_trial=2, multiple_of=8, memory_budget_gb=0.0))
 
     # module: a Task module of your own to import first (it registers `name`), e.g.
     # "my_task" for a my_task.py next to your config file.

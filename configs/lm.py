@@ -18,6 +18,8 @@ def get_config():
     c.numerics = ml_collections.ConfigDict(dict(every=0, check_steps=20))  # see cifar.py
     c.find_lr = ml_collections.ConfigDict(dict(  # see cifar.py
         min_lr=1e-7, max_lr=10.0, steps=100, diverge=4.0))
+    c.find_batch_size = ml_collections.ConfigDict(dict(  # see cifar.py
+        start=0, max_trials=12, steps_per_trial=2, multiple_of=8, memory_budget_gb=0.0))
     c.task = ml_collections.ConfigDict(dict(name="lm", module=""))  # module: see cifar.py
     c.model = ml_collections.ConfigDict(dict(
         seq_len=128, num_layers=4, d_model=128, num_heads=4, mlp_dim=512, dropout=0.0,

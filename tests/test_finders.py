@@ -1,13 +1,16 @@
-"""--mode=find_lr: the learning-rate range test."""
+"""--mode=find_lr and --mode=find_batch_size."""
 
 import json
 import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
+import tasks
 from conftest import scalars, tiny_config
 from trainer import cli
+from trainer.batch_size_finder import find_batch_size
 from trainer.lr_finder import suggest
 
 
@@ -50,3 +53,59 @@ def test_the_suggestion_is_the_steepest_descent_before_the_minimum():
 def test_bad_find_lr_settings_are_clear_errors(tmp_path, field, value, match):
     with pytest.raises(ValueError, match=match):
         cli.execute(tiny_config(**{f"find_lr.{field}": value}), str(tmp_path), "find_lr")
+
+
+class _OutOfMemoryAbove:
+    """A task whose step runs out of memory above `limit` examples (raised while the
+    step is traced, as an allocation failure would be while it runs)."""
+
+    def __init__(self, limit):
+        self.limit = limit
+
+    def __call__(self, config):
+        import tasks
+        task = tasks.get_task(config)
+        build_model, limit = task.build_model, self.limit
+
+        def build():
+            model = build_model()
+            call = model.call
+
+            def call_within_memory(inputs, *args, **kwargs):
+                if inputs.shape[0] and inputs.shape[0] > limit:
+                    raise tf.errors.ResourceExhaustedError(
+                        None, None, f"OOM when allocating a batch of {inputs.shape[0]}")
+                return call(inputs, *args, **kwargs)
+
+            model.call = call_within_memory
+            return model
+
+        task.build_model = build
+        return task
+
+
+def test_find_batch_size_doubles_then_bisects_to_the_largest_that_fits(tmp_path, capsys):
+    config = tiny_config(**{"find_batch_size.steps_per_trial": 1})  # starts at 32
+    report = find_batch_size(config, tf.distribute.get_strategy(), str(tmp_path),
+                             _OutOfMemoryAbove(100))
+    tried = [(t["batch"], t["runs"]) for t in report["trials"]]
+    assert tried == [(32, True), (64, True), (128, False), (96, True), (112, False),
+                     (104, False)]
+    assert "out of memory" in report["trials"][2]["reason"]
+    assert report["trials"][0]["peak_bytes"] > 0  # the allocator's peak, measured
+    assert (report["largest"], report["first_failing"]) == (96, 104)
+    assert "--config.data.global_batch_size=96" in capsys.readouterr().out
+    assert json.load(open(tmp_path / "find_batch_size.json")) == report
+    assert not os.path.exists(tmp_path / "checkpoints")
+
+
+def test_find_batch_size_memory_budget_and_the_data_set_bound_it(tmp_path):
+    budget = {"find_batch_size.memory_budget_gb": 1e-6, "find_batch_size.multiple_of": 16}
+    with pytest.raises(RuntimeError, match=r"no batch down to 16 runs \(peak memory .* > "
+                                           r"find_batch_size.memory_budget_gb=1e-06\)"):
+        cli.execute(tiny_config(**budget), str(tmp_path / "a"), "find_batch_size")
+    config = tiny_config(**{"data.synthetic_train_size": 100, "find_batch_size.start": 64,
+                            "find_batch_size.steps_per_trial": 1})
+    report = find_batch_size(config, tf.distribute.get_strategy(), str(tmp_path / "b"),
+                             tasks.get_task)
+    assert report["largest"] == 96 and "training examples" in report["trials"][1]["reason"]

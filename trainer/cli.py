@@ -17,6 +17,7 @@ from trainer.controller import Controller
 from trainer.signals import Preempted
 from trainer.distribute import build_strategy, is_chief
 from trainer.evaluator import continuous_eval
+from trainer.batch_size_finder import find_batch_size
 from trainer.export import choose_checkpoint, export
 from trainer.lr_finder import find_lr
 from trainer.precision import set_policy, use_float32_layers
@@ -31,7 +32,7 @@ config_flags.DEFINE_config_file("config", None, "Config file (a get_config() mod
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, summaries and config.json.")
 flags.DEFINE_enum("mode", "train_and_eval",
                   ["train", "eval", "train_and_eval", "continuous_eval", "sample",
-                   "precision_check", "export", "find_lr"],
+                   "precision_check", "export", "find_lr", "find_batch_size"],
                   "train: train only; eval: evaluate the latest checkpoint; "
                   "train_and_eval: train, evaluating every trainer.eval_every steps; "
                   "continuous_eval: evaluate each new checkpoint a --mode=train run writes; "
@@ -39,7 +40,8 @@ flags.DEFINE_enum("mode", "train_and_eval",
                   "precision_check: the mixed policy against float32, layer by layer, "
                   "for numerics.check_steps steps; export: a SavedModel for serving of the "
                   "best or latest checkpoint (or export.checkpoint) in workdir/export/; "
-                  "find_lr: the learning-rate range test, which prints the rate to use.")
+                  "find_lr: the learning-rate range test, which prints the rate to use; "
+                  "find_batch_size: the largest global batch whose step runs.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -91,6 +93,10 @@ def _refuse_two_evaluators(workdir, mode):
 def run(config, strategy, workdir, mode):
     if mode == "precision_check":
         precision_check(config, strategy, workdir, tasks.get_task)
+        return
+    if mode == "find_batch_size":
+        set_policy(config.precision, strategy)
+        find_batch_size(config, strategy, workdir, tasks.get_task)
         return
     if mode in ("eval", "continuous_eval", "export"):  # train_* write summary.json
         with mode_summary(workdir, mode, ChiefFiles(is_chief(strategy))) as summary:

@@ -21,6 +21,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer.summaries import Summaries
+from trainer.trainer import Trainer
 from trainer.workdir import ChiefFiles
 
 SMOOTHING = 0.98  # the moving average's decay, as fastai and Lightning use
@@ -40,7 +41,6 @@ def check_find_lr(f):
 
 def find_lr(config, task, strategy, workdir):
     """Runs the range test; returns the report written to `workdir/find_lr.json`."""
-    from trainer import Trainer  # imported here: trainer.trainer imports this package
     f = config.find_lr
     check_find_lr(f)
     config = copy.deepcopy(config)

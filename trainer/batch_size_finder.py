@@ -1,0 +1,129 @@
+"""--mode=find_batch_size: the largest global batch whose train step runs.
+
+Doubling from `find_batch_size.start` (0: the config's batch) until a trial
+fails, then a binary search between the last batch that ran and the first that
+did not, over multiples of `multiple_of` and of the replicas. A trial builds
+the Trainer at that batch and runs `steps_per_trial` compiled steps. It fails
+on `tf.errors.ResourceExhaustedError` (out of memory on a GPU or TPU), when the
+peak of TensorFlow's allocator on any replica's device passes
+`memory_budget_gb` (> 0; on a CPU an allocation fails only when the whole
+machine runs out), or when the data set is smaller than the batch. At most
+`max_trials` trials. Writes `workdir/find_batch_size.json` and prints the
+override; no checkpoint is read or written.
+"""
+
+import copy
+import gc
+import math
+import os
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from trainer.distribute import is_chief
+from trainer.trainer import Trainer
+from trainer.workdir import ChiefFiles
+
+
+def check_find_batch_size(f):
+    for name, minimum in (("start", 0), ("max_trials", 1), ("steps_per_trial", 1),
+                          ("multiple_of", 1)):
+        value = f[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise ValueError(f"find_batch_size.{name}={value!r} must be an integer >= "
+                             f"{minimum}.")
+    if f.memory_budget_gb < 0:
+        raise ValueError(f"find_batch_size.memory_budget_gb={f.memory_budget_gb!r} must be "
+                         ">= 0 (0: no budget).")
+
+
+def find_batch_size(config, strategy, workdir, make_task):
+    """Runs the search; returns the report written to `workdir/find_batch_size.json`."""
+    f = config.find_batch_size
+    check_find_batch_size(f)
+    step = math.lcm(f.multiple_of, strategy.num_replicas_in_sync)
+    batch = max(round((f.start or config.data.global_batch_size) / step), 1) * step
+    trials, good, bad = [], None, None
+    while len(trials) < f.max_trials:
+        trial = _trial(config, strategy, workdir, make_task, batch, f)
+        trials.append(trial)
+        logging.info("find_batch_size: batch %d %s", batch,
+                     "runs" if trial["runs"] else f"fails: {trial['reason']}")
+        if trial["runs"]:
+            good = batch
+        else:
+            bad = batch
+        if bad is None:
+            batch *= 2
+        elif good is None:
+            if batch == step:
+                break
+            batch = max(batch // 2 // step * step, step)  # down until one runs
+        elif bad - good <= step:
+            break
+        else:
+            batch = (good + bad) // 2 // step * step
+    report = {"largest": good, "first_failing": bad, "multiple_of": step, "trials": trials}
+    ChiefFiles(is_chief(strategy)).write_json(
+        os.path.join(workdir, "find_batch_size.json"), report)
+    if good is None:
+        raise RuntimeError(f"find_batch_size: no batch down to {step} runs "
+                           f"({trials[-1]['reason']}); lower find_batch_size.multiple_of or "
+                           "raise memory_budget_gb.")
+    searched = "" if bad is not None else (
+        f" (no failure within find_batch_size.max_trials={f.max_trials}: larger ones may "
+        "run)")
+    print(f"find_batch_size: the largest batch that runs is {good}{searched}; {bad} did "
+          f"not. Use:\n  --config.data.global_batch_size={good}\n(a larger batch may want "
+          "another learning rate: --mode=find_lr with it tells.)")
+    return report
+
+
+def _trial(config, strategy, workdir, make_task, batch, f):
+    """Builds the Trainer at `batch` and runs `steps_per_trial` steps: {"batch", "runs",
+    "peak_bytes", "reason"}."""
+    c = copy.deepcopy(config)
+    c.data.global_batch_size = batch
+    c.trainer.update(per_step_summaries=False, train_steps=f.steps_per_trial)
+    devices = _replica_devices(strategy)
+    result = {"batch": batch, "runs": False, "peak_bytes": None, "reason": None}
+    trainer = None
+    try:
+        keras.utils.set_random_seed(c.seed)
+        trainer = Trainer(c, make_task(c), strategy, workdir)
+        for device in devices:
+            tf.config.experimental.reset_memory_stats(device)
+        iterator = iter(trainer.distributed_dataset("train"))
+        trainer.train_loop(iterator, tf.constant(f.steps_per_trial, tf.int64))
+        trainer.step.numpy()  # waits for the steps
+        peak = max(tf.config.experimental.get_memory_info(d)["peak"] for d in devices)
+        result["peak_bytes"] = peak
+        budget = f.memory_budget_gb * 2**30
+        if budget and peak > budget:
+            result["reason"] = (f"peak memory {peak / 2**30:.3g} GB > find_batch_size."
+                                f"memory_budget_gb={f.memory_budget_gb}")
+        else:
+            result["runs"] = True
+    except tf.errors.ResourceExhaustedError as e:
+        result["reason"] = f"out of memory ({str(e).strip().splitlines()[0][:200]})"
+    except ValueError as e:
+        if "global_batch_size" not in str(e):
+            raise
+        result["reason"] = str(e).strip().splitlines()[0][:200]  # the data set is smaller
+    finally:
+        del trainer
+        keras.backend.clear_session()  # free the trial's model and traces
+        gc.collect()
+    return result
+
+
+def _replica_devices(strategy):
+    """The replicas' devices in get_memory_info's form ("GPU:0")."""
+    try:
+        names = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy: the first GPU, else the CPU
+        gpus = tf.config.list_logical_devices("GPU")
+        names = [gpus[0].name if gpus else "/device:CPU:0"]
+    specs = [tf.DeviceSpec.from_string(name) for name in names]
+    return [f"{spec.device_type}:{spec.device_index or 0}" for spec in specs]
