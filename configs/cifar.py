@@ -94,7 +94,9 @@ def get_config():
 
         log_every=50,
         deterministic=False,       # True: deterministic ops, so a resumed run is bitwise exact
-        jit_compile=False,         # XLA on CPU measured 3x slower
+        # on | off | auto: XLA for the forward and backward pass; auto times both on the
+        # first launch and keeps the faster (trainer/jit_choice.py); TPUs always compile.
+        jit_compile="auto",
         # After each eval, the best checkpoint by this eval metric is kept in workdir/best/
         # ("": none); early_stop_patience > 0 evals without improvement end the run.
         best_metric="eval/accuracy", best_mode="max", early_stop_patience=0,

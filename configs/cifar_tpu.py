@@ -15,5 +15,5 @@ def get_config():
     c.data.global_batch_size = 1024
     c.optimizer.update(name="sgd", learning_rate=0.4, schedule="cosine", warmup_steps=200)
     c.trainer.update(train_steps=30 * cifar.TRAIN_EXAMPLES // 1024, steps_per_loop=100,
-                     log_every=100, eval_every=500, checkpoint_every=500, jit_compile=True)
+                     log_every=100, eval_every=500, checkpoint_every=500, jit_compile="on")
     return c

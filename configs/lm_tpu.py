@@ -12,5 +12,5 @@ def get_config():
     c.data.global_batch_size = 256
     c.optimizer.update(learning_rate=6e-4, warmup_steps=2000)
     c.trainer.update(train_steps=100_000, steps_per_loop=100, eval_every=5000,
-                     checkpoint_every=5000, log_every=100, jit_compile=True)
+                     checkpoint_every=5000, log_every=100, jit_compile="on")
     return c

@@ -23,6 +23,7 @@ from trainer.best import BestCheckpoint
 from trainer.divergence import check_finite
 from trainer.export import Export, check_export
 from trainer.goodput import Ledger, launch_start
+from trainer.jit_choice import choose_jit
 from trainer.numerics import NumericsLog
 from trainer.precision import layers_of
 from trainer.profiler import Profile, check_profile_steps
@@ -145,6 +146,8 @@ class Controller:
         self.started = self.clock()
         trainer.restore_or_warm_start()
         restore_seconds = self.clock() - self.started
+        if trainer.jit_compile == "auto":
+            trainer.use_jit(choose_jit(self))
         self.step = self.start_step = int(trainer.step.numpy())
         iterator = iter(trainer.distributed_dataset("train"))  # bad data fails before any write
         for action in self.actions:

@@ -23,6 +23,7 @@ from trainer.distribute import is_chief
 from trainer.ema import EmaWeights, evaluates_ema
 from trainer.evaluation import Evaluation, as_float32
 from trainer.flops import Utilization
+from trainer.jit_choice import jit_setting
 from trainer.loss_scale import LossScale, all_finite
 from trainer.optimizers import build_optimizer, disable_keras_all_reduce, trained_variables
 from trainer.numerics import Telemetry, check_numerics_every
@@ -136,9 +137,9 @@ class Trainer:
             dict(loss_scale=self.loss_scale, step=self.step),
             os.path.join(workdir, "checkpoints"), self.step, config.trainer.max_to_keep,
             self.is_chief, async_save=async_checkpoint(config.trainer, strategy))
-        self._compute_gradients = tf.function(
-            self._forward_backward, jit_compile=bool(config.trainer.jit_compile))
-        self.train_loop = tf.function(self._train_loop_fn)
+        jit = jit_setting(config.trainer, strategy)
+        self.use_jit(jit is True)
+        self.jit_compile = jit  # "auto": the Controller settles it before training
         self._eval_dataset = None  # built on the first evaluation, reused after
         self.example_spec = None  # one example's features (batch 1), seen by the trace
         self.utilization = Utilization(self)  # model FLOPs per step, MFU
@@ -307,6 +308,13 @@ class Trainer:
         return {"input_wait": input_wait}
 
     # ------------------------------------------------------- called by the host
+
+    def use_jit(self, xla):
+        """Compiles the forward and backward pass with XLA or not (before a trace of the
+        train loop, or the loop is traced again)."""
+        self.jit_compile = xla
+        self._compute_gradients = tf.function(self._forward_backward, jit_compile=xla)
+        self.train_loop = tf.function(self._train_loop_fn)
 
     def train(self, evaluate=True, actions=()):
         """Trains to `trainer.train_steps` from wherever the workdir left off and returns
