@@ -208,6 +208,10 @@ def run(launch_args, out, kills=3, workers=1, seed=0, hang_bound=90.0, timeout=9
     if len(cycles) > 1:
         pace = ((cycles[-1]["time"] - cycles[0]["time"])
                 / max(cycles[-1]["step"] - cycles[0]["step"], 1))
+    # The same XLA choice as the reference, not a timing of its own (XLA changes numerics).
+    xla = json.load(open(os.path.join(reference, "summary.json"))).get("jit_compile")
+    if xla is not None:
+        launch_args = launch_args + [f"--config.trainer.jit_compile={'on' if xla else 'off'}"]
     workdir, seconds, rows = faulted_run(launch_args, out, workers, kills, seed, pace,
                                          hang_bound, timeout)
     events = _ledger(workdir)

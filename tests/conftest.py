@@ -39,7 +39,8 @@ def tiny_config(**overrides):
     c.precision = "float32"
     c.distribution.strategy = "default"
     c.trainer.update(train_steps=20, steps_per_loop=5, log_every=5, eval_every=10,
-                     checkpoint_every=10, per_step_summaries=False)  # train/ at log_every
+                     checkpoint_every=10, per_step_summaries=False,  # train/ at log_every
+                     jit_compile="off")  # not timed: runs compared bitwise run alike
     return override(c, **overrides)
 
 

@@ -168,7 +168,8 @@ def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(tmp_pat
             "--config.data.synthetic_train_size=256", "--config.data.synthetic_test_size=32",
             "--config.trainer.steps_per_loop=5", "--config.trainer.log_every=5",
             "--config.trainer.checkpoint_every=10", "--config.trainer.train_steps=30",
-            "--config.trainer.deterministic=True"]
+            "--config.trainer.deterministic=True",
+            "--config.trainer.jit_compile=off"]  # (auto could time the two runs apart)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     # The uninterrupted run goes side by side with the one to kill (deterministic ops:
     # sharing the cores changes no value).

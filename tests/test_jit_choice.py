@@ -18,10 +18,13 @@ def test_auto_times_both_keeps_the_faster_and_a_relaunch_reuses_it(tmp_path, cap
     trainer.train(evaluate=False)
     stored = json.load(open(tmp_path / "jit_compile.json"))
     seconds = stored["seconds_per_call"]
-    assert seconds["xla"] > 0 and seconds["no_xla"] > 0
-    assert stored["jit_compile"] == (seconds["xla"] < seconds["no_xla"])
+    assert seconds["no_xla"] > 0  # (xla: None where XLA cannot compile the pass, e.g.
+    # MaxPool's gradient under the op determinism another test turned on in this process)
+    assert stored["jit_compile"] == (seconds["xla"] is not None
+                                     and seconds["xla"] < seconds["no_xla"])
     assert trainer.jit_compile is stored["jit_compile"]
-    line = next(r.getMessage() for r in caplog.records if "jit_compile=auto" in r.getMessage())
+    line = next(r.getMessage() for r in caplog.records
+                if "jit_compile=auto: the forward" in r.getMessage())
     assert "with XLA" in line and "without" in line
     # The timing left no trace: 4 steps from the same start as a run told the choice.
     told = build(_config(config, "on" if stored["jit_compile"] else "off"),

@@ -73,7 +73,7 @@ def test_two_workers_train_alike_and_only_the_chief_writes(tmp_path):
     assert checkpoints(workdir) == [10, 20]
     written = sorted(n for n in os.listdir(workdir) if not n.startswith("events.out"))
     assert written == ["best", "checkpoints", "config.json", "eval", "goodput.jsonl",
-                       "summary.json", "train"]
+                       "jit_compile.json", "summary.json", "train"]
     assert json.load(open(workdir / "summary.json"))["replicas"] == 2
     for i in range(2):  # the config's action ran on every worker at its steps
         assert open(tmp_path / f"worker{i}.npz.steps").read().split() == ["5", "10", "15", "20"]

@@ -58,6 +58,7 @@ class Checkpoints:
             max_to_keep=max_to_keep, step_counter=step)
         self.options = tf.train.CheckpointOptions(enable_async=async_save)
         self.saved_step = None  # the step of the newest checkpoint restored or saved
+        self._writing = None  # the prefix of a save whose files may not be complete yet
         _LIVE.add(self)
 
     @property
@@ -70,11 +71,13 @@ class Checkpoints:
         """Saves at the current step, unless the newest checkpoint is already of it."""
         step = int(self.step.numpy())
         if step != self.saved_step:
-            self.manager.save(checkpoint_number=self.step, options=self.options)
+            self._writing = self.manager.save(checkpoint_number=self.step,
+                                              options=self.options)
             self.saved_step = step
             if not self.is_chief:
                 self.manager.sync()
                 shutil.rmtree(self.manager.directory, ignore_errors=True)
+                self._writing = None
 
     def sync(self):
         """Waits until the files of every save of this process so far are complete (of
@@ -82,6 +85,15 @@ class Checkpoints:
         a failed asynchronous write."""
         for checkpoints in list(_LIVE):
             checkpoints.manager.sync()
+            written, checkpoints._writing = checkpoints._writing, None
+            # TensorFlow's sync only waits: a failed background write shows as missing files.
+            if written and checkpoints.options.enable_async and not tf.io.gfile.exists(
+                    written + ".index"):
+                raise RuntimeError(
+                    f"The asynchronous write of checkpoint {written} failed (its files are "
+                    "missing; the error is in the log above). The previous checkpoint is "
+                    "intact; relaunch to continue from it, or set "
+                    "--config.trainer.async_checkpoint=off to see the error where it happens.")
 
     def write(self, prefix):
         """Writes the state to `prefix` outside the rotation (e.g. the best checkpoint);

@@ -66,8 +66,8 @@ def execute(config, workdir, mode):
     strategy = build_strategy(config.distribution)  # first: multi-worker needs a fresh runtime
     keras.utils.set_random_seed(config.seed)
     if mode in ("sample", "export") or not is_chief(strategy):
-        # Read the workdir only (export writes a new directory, next to a running
-        # training if need be) / not the chief: no lock.
+        # Read the workdir (export writes a new directory and summary_export.json, next
+        # to a running training if need be) / not the chief: no lock.
         run(config, strategy, workdir, mode)
         return
     check_workdir(workdir)

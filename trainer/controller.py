@@ -179,6 +179,10 @@ class Controller:
                            and isinstance(error, tf.errors.OpError) else error)
                 self.summaries.flush()
                 try:
+                    trainer.checkpoints.sync()  # a write under way ends before the exit
+                except Exception as sync_error:  # noqa: BLE001  (the failure matters more)
+                    logging.error("%s", sync_error)
+                try:
                     write_summary(self, f"{type(failure).__name__}: "
                                         f"{str(failure).strip()[:500]}")
                 except Exception as summary_error:  # noqa: BLE001  (the failure matters more)
@@ -189,7 +193,7 @@ class Controller:
             finally:
                 for action in self.actions:
                     action.end(self)
-                trainer.checkpoints.sync()  # nothing ends with a checkpoint half-written
+        trainer.checkpoints.sync()  # the run ends with its last checkpoint complete
         self.summaries.flush()
         write_summary(self, self.interrupted or self.stop_reason)
         if self._signalled:
@@ -256,17 +260,22 @@ class Controller:
         return None
 
     def _next_cycle_seconds(self):
-        """The longest the next chunk and the actions due after it (at least a save) may
-        take, from the longest each took so far; an action that has not run yet
-        counts 0."""
+        """The longest the actions due now, the next chunk and the actions due after it
+        (at least a save) may take, from the longest each took so far; an action that
+        has not run yet counts 0. (An asynchronous save counts its blocking part: its
+        background write, which the end of the run waits for, is not foreseen.)"""
         steps = self._chunk_steps(self.step) if not self.done else 0
         end = self.step + steps
-        due = [i for i, a in enumerate(self.actions)
-               if actions_lib.every(end, a.every) or end in a.boundaries()
-               or (a.at_end and end >= self.trainer.train_steps)
-               or isinstance(a, actions_lib.SaveCheckpoint)]
+
+        def due(step, save):
+            return [i for i, a in enumerate(self.actions)
+                    if actions_lib.every(step, a.every) or step in a.boundaries()
+                    or (a.at_end and step >= self.trainer.train_steps)
+                    or (save and isinstance(a, actions_lib.SaveCheckpoint))]
+
         return (steps * (self._step_seconds or 0.0)
-                + sum(self._action_seconds.get(i, 0.0) for i in due))
+                + sum(self._action_seconds.get(i, 0.0)
+                      for i in due(self.step, False) + (due(end, True) if steps else [])))
 
     def _run_actions(self):
         """Calls every due action once; a stop requested on the way makes the at-end

@@ -16,7 +16,9 @@ summing them splits the wall time since the first launch into:
     other        host work: logging, summaries, the other actions, exit
 
 Goodput is `productive` over that wall time. A SIGKILL loses what its launch
-did after its last event: it shows as `idle` and, for the steps, as `redone`.
+did after its last event: that time shows as `idle`, and `redone` counts the
+steps it recorded past the checkpoint the next launch restored (a lower bound:
+the chunk under way at the kill is not known).
 """
 
 import json
@@ -26,6 +28,8 @@ import time
 
 import tensorflow as tf
 from absl import logging
+
+from trainer.workdir import is_local
 
 LEDGER = "goodput.jsonl"
 BUCKETS = ("startup", "compile", "data_wait", "checkpoint_save", "checkpoint_restore",
@@ -60,9 +64,15 @@ def process_start_time():
 class Ledger:
     """Appends this launch's events to `workdir/goodput.jsonl` (the chief's only)."""
 
+    # On an object store (gs://) an append rewrites the object: at most one every this
+    # many seconds there (a kill loses what is pending); on a local disk, every event.
+    REMOTE_FLUSH_SECONDS = 30.0
+
     def __init__(self, workdir, is_chief):
         self.path, self.is_chief = os.path.join(workdir, LEDGER), is_chief
         self._last_time, self._last_seconds = None, None
+        self._pending, self._flushed, self._failed = [], 0.0, False
+        self._flush_every = 0.0 if is_local(workdir) else self.REMOTE_FLUSH_SECONDS
 
     def start(self, launched, step, restore_seconds, seconds):
         """The loop of the launch that started at `launched` (epoch seconds) is about to
@@ -83,6 +93,7 @@ class Ledger:
     def end(self, step, stopped):
         if self._last_seconds is not None:
             self._append("end", step=step, stopped=stopped)
+            self._flush()
 
     def read(self):
         """Every event of every launch so far (a line cut by a kill is skipped)."""
@@ -101,9 +112,24 @@ class Ledger:
         self._last_time = time.time()
         if not self.is_chief:
             return
-        with tf.io.gfile.GFile(self.path, "a") as f:
-            f.write(json.dumps(dict(event=event, time=round(self._last_time, 4), **fields))
-                    + "\n")
+        self._pending.append(json.dumps(dict(event=event, time=round(self._last_time, 4),
+                                             **fields)) + "\n")
+        if event == "start" or self._last_time - self._flushed >= self._flush_every:
+            self._flush()
+
+    def _flush(self):
+        """Appends the pending events. A failure is logged once and training goes on:
+        the ledger is worth less than the run."""
+        if not self._pending or self._failed:
+            return
+        try:
+            with tf.io.gfile.GFile(self.path, "a") as f:
+                f.write("".join(self._pending))
+        except (tf.errors.OpError, OSError) as e:
+            self._failed = True
+            logging.warning("goodput.jsonl cannot be appended to (%s); no goodput for this "
+                            "launch.", str(e).strip().splitlines()[0][:200])
+        self._pending, self._flushed = [], self._last_time
 
 
 def account(events):

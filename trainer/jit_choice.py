@@ -44,15 +44,23 @@ def choose_jit(controller):
         xla = bool(stored["jit_compile"])
         logging.info("jit_compile=%s, as chosen for this workdir before (%s).",
                      "on" if xla else "off", path)
-    else:
-        times = {xla: _seconds_per_call(trainer, xla) for xla in (False, True)}
-        xla = times[True] < times[False]
-        logging.info("jit_compile=auto: the forward and backward pass takes %.2f ms with "
-                     "XLA, %.2f ms without: jit_compile=%s (stored in %s).",
-                     1e3 * times[True], 1e3 * times[False], "on" if xla else "off", path)
-        controller.files.write_json(path, {"jit_compile": xla, "seconds_per_call": {
-            "xla": times[True], "no_xla": times[False]}})
-    return controller.any_worker(xla)
+        return controller.any_worker(xla)
+    times = {False: _seconds_per_call(trainer, False)}
+    try:
+        times[True] = _seconds_per_call(trainer, True)
+    except tf.errors.OpError as e:  # e.g. an op XLA cannot compile (under op determinism)
+        logging.info("jit_compile=auto: XLA cannot compile this model's pass here (%s).",
+                     str(e).strip().splitlines()[0][:200])
+        times[True] = None
+    # Every worker runs the same program: XLA if any worker found it faster.
+    xla = controller.any_worker(times[True] is not None and times[True] < times[False])
+    logging.info("jit_compile=auto: the forward and backward pass takes %s with XLA, "
+                 "%.2f ms without: jit_compile=%s (stored in %s).",
+                 "-" if times[True] is None else f"{1e3 * times[True]:.2f} ms",
+                 1e3 * times[False], "on" if xla else "off", path)
+    controller.files.write_json(path, {"jit_compile": xla, "seconds_per_call": {
+        "xla": times[True], "no_xla": times[False]}})
+    return xla
 
 
 def _seconds_per_call(trainer, xla):
