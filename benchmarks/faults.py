@@ -44,7 +44,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP_LINE = re.compile(r"step (\d+)/(\d+):")
 
 
-def _free_ports(n):
+def free_ports(n):
+    """`n` free TCP ports on localhost, for a cluster of workers."""
     socks = [socket.socket() for _ in range(n)]
     for s in socks:
         s.bind(("localhost", 0))
@@ -60,7 +61,7 @@ class Job:
     def __init__(self, launch_args, workdir, workers, log_prefix):
         args = [sys.executable, os.path.join(ROOT, "launch.py"), *launch_args,
                 f"--workdir={workdir}", "--mode=train", "--config.trainer.deterministic=True"]
-        cluster = {"worker": [f"localhost:{p}" for p in _free_ports(workers)]}
+        cluster = {"worker": [f"localhost:{p}" for p in free_ports(workers)]}
         self.logs, self.procs = [], []
         for i in range(workers):
             env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")

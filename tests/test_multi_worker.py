@@ -4,24 +4,15 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
 
+from benchmarks.faults import free_ports
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def start_workers(workdir, out_dir, steps, *extra):
