@@ -175,8 +175,8 @@ def account(events):
         return None
     wall = last_time - first_start
     return {"goodput": round(productive / wall, 4) if wall > 0 else None,
-            "wall_seconds": round(wall, 2), "productive_seconds": round(productive, 2),
-            "badput_seconds": {k: round(v, 2) for k, v in buckets.items()},
+            "wall_seconds": round(wall, 3), "productive_seconds": round(productive, 3),
+            "badput_seconds": {k: round(v, 3) for k, v in buckets.items()},
             "launches": launches, "steps_redone": redone_steps}
 
 
