@@ -16,7 +16,8 @@ kills the last launch runs to the end. Checked at the end:
 
 - the faulted run ends at exactly `train_steps`;
 - every saved value equals the reference run's bitwise (deterministic ops);
-- after a worker died, no other one took longer than --hang_bound to exit;
+- no worker took longer than --hang_bound to exit: the victim after its signal, the
+  others after the victim died;
 - every checkpoint left in the workdir (the rotation and best/) reads.
 
 Prints a table (kills, recoveries, steps redone, seconds lost) and writes it
@@ -165,7 +166,11 @@ def faulted_run(launch_args, out, workers, kills, seed, pace, hang_bound, timeou
                                "train_steps:\n" + job.log()[-2000:])
         job.procs[victim].send_signal(signum)
         killed = time.monotonic()
-        job.procs[victim].wait()
+        try:  # a SIGTERM lets it finish its chunk and save; bounded like its peers
+            job.procs[victim].wait(timeout=hang_bound)
+        except subprocess.TimeoutExpired:
+            job.procs[victim].kill()
+            job.procs[victim].wait()
         died = time.monotonic()
         codes = job.wait(hang_bound)  # the others: a peer that hangs is killed at the bound
         exits = {i: round(time.monotonic() - died, 1) for i in range(workers) if i != victim}
@@ -174,7 +179,7 @@ def faulted_run(launch_args, out, workers, kills, seed, pace, hang_bound, timeou
                      "at_step": before, "exit_codes": codes,
                      "victim_exit_seconds": round(died - killed, 1),
                      "peers_exit_seconds": exits,
-                     "hung": any(c is None for c in codes)})
+                     "hung": died - killed >= hang_bound or any(c is None for c in codes)})
     return workdir, time.monotonic() - started, rows
 
 
