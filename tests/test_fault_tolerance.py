@@ -298,3 +298,21 @@ def test_async_checkpoint_setting_is_checked():
     with pytest.raises(ValueError, match="async_checkpoint='yes' must be 'on', 'off' or 'auto'"):
         async_checkpoint(tiny_config(**{"trainer.async_checkpoint": "yes"}).trainer,
                          two_replicas())
+
+
+def test_a_failed_background_write_is_reported_and_the_previous_checkpoint_kept(tmp_path):
+    trainer = build(tiny_config(**{"trainer.async_checkpoint": "on"}), tmp_path)
+    trainer.checkpoints.save()  # ckpt-0, complete
+    trainer.checkpoints.sync()
+    trainer.step.assign(1)
+    # A file where the write's temporary directory goes: the background write fails.
+    (tmp_path / "checkpoints" / "ckpt-1_temp").write_text("in the way")
+    trainer.checkpoints.save()  # returns at once; the failure happens in the thread
+    with pytest.raises(RuntimeError, match=r"asynchronous write of checkpoint .*ckpt-1 "
+                                           r"failed .* previous checkpoint is intact"):
+        trainer.checkpoints.sync()
+    assert checkpoint_steps(tmp_path / "checkpoints") == [0]
+    trainer.step.assign(2)
+    with pytest.raises(tf.errors.OpError, match="Not a directory"):
+        trainer.checkpoints.save()  # TensorFlow raises the thread's error at the next save
+    assert build(tiny_config(), tmp_path).restore().endswith("ckpt-0")
