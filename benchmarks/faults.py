@@ -39,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.checkpoints import read_error
-from trainer.goodput import LEDGER, account
+from trainer.goodput import Ledger, account
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP_LINE = re.compile(r"step (\d+)/(\d+):")
@@ -109,11 +109,8 @@ class Job:
 
 
 def _ledger(workdir):
-    path = os.path.join(workdir, LEDGER)
-    if not tf.io.gfile.exists(path):
-        return []
-    with tf.io.gfile.GFile(path) as f:
-        return [json.loads(line) for line in f if line.strip().endswith("}")]
+    """The goodput ledger's events so far (a line a kill cut short is skipped)."""
+    return Ledger(workdir, is_chief=False).read()
 
 
 def _reached(events):

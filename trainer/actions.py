@@ -104,10 +104,9 @@ class LogTrain(Action):
             scalars["mfu"] = mfu
             tokens += f", MFU {mfu:.1%}"
         controller.summaries.scalars("train", {  # the others went out at every step
-            k: v for k, v in scalars.items()
-            if not (trainer.per_step_summaries and k in trainer.PER_STEP_SCALARS)}, step)
-        controller.summaries.scalars("train", {f"time/{k}": v for k, v in shares.items()},
-                                     step)
+            **{k: v for k, v in scalars.items()
+               if not (trainer.per_step_summaries and k in trainer.PER_STEP_SCALARS)},
+            **{f"time/{k}": v for k, v in shares.items()}}, step)
         bound = bottleneck(shares)
         logs.update({f"train/{k}": v for k, v in scalars.items()})
         metrics = {m.name: results[m.name] for m in trainer.train_metrics}
