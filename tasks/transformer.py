@@ -32,7 +32,7 @@ class Block(keras.layers.Layer):
         self.ln1 = keras.layers.LayerNormalization(epsilon=1e-5)
         self.attention = keras.layers.MultiHeadAttention(num_heads, d_model // num_heads)
         self.ln2 = keras.layers.LayerNormalization(epsilon=1e-5)
-        self.mlp_in = keras.layers.Dense(mlp_dim, activation="gelu")
+        self.mlp_in = keras.layers.Dense(mlp_dim)  # GELU applied in _forward, in float32
         self.mlp_out = keras.layers.Dense(d_model)
         self.seeds = keras.random.SeedGenerator()
 
@@ -48,12 +48,20 @@ class Block(keras.layers.Layer):
             return x
         return tf.nn.experimental.stateless_dropout(x, self.rate, seed=seed)
 
+    def _gelu(self, h):
+        """GELU in float32, back in the compute dtype. On CPU, TensorFlow's bfloat16
+        elementwise kernels (Erfc, Mul) convert element by element and run slower than
+        float32: the two casts cost less (BUILD.md, "Performance"), and float32 is
+        the accurate side for every precision."""
+        gelu = tf.nn.gelu(tf.cast(h, tf.float32), approximate=False)
+        return tf.cast(gelu, self.mlp_out.compute_dtype)
+
     def _forward(self, x, seeds, training):
         h = self.ln1(x)
         h = self.attention(h, h, use_causal_mask=self.causal, training=False)
         # Casts: a sublayer kept in float32 (precision_overrides) returns float32.
         x = x + tf.cast(self._dropout(h, seeds[0], training), x.dtype)
-        h = self.mlp_out(self.mlp_in(self.ln2(x)))
+        h = self.mlp_out(self._gelu(self.mlp_in(self.ln2(x))))
         return x + tf.cast(self._dropout(h, seeds[1], training), x.dtype)
 
     def call(self, x, training=False):
