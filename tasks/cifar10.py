@@ -5,6 +5,7 @@ import tensorflow as tf
 from absl import logging
 
 from tasks import base, cifar10_data, register
+from tasks.input_order import step_indexed_batches
 from tasks.vit import vit, vit_train_flops
 
 MEAN = (0.4914 * 255, 0.4822 * 255, 0.4465 * 255)
@@ -101,35 +102,19 @@ normalize_fused = tf.function(normalize, jit_compile=True)
 
 def train_batches(images, labels, batch_size, input_context, start_step, seed, augment,
                   normalization):
-    """Per-replica train batches as a pure function of the step.
-
-    Per-replica batch g holds examples g*batch_size ... of an endless stream in
-    which every epoch is a fresh stateless permutation (`index_shuffle` seeded
-    by seed and epoch); augmentation is seeded by (seed, g). A resumed run
-    starts at the batch of `start_step` and sees exactly what an uninterrupted
-    run would: no iterator state to checkpoint.
-    """
-    n = len(labels)
-    pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
-    replicas_per_pipeline = input_context.num_replicas_in_sync // pipelines
+    """Per-replica train batches as a pure function of the step (see
+    `step_indexed_batches`); augmentation is seeded by (seed, replica batch)."""
     images, labels = tf.constant(images), tf.constant(labels)
 
-    def shuffled(index, epoch):
-        return tf.random.experimental.index_shuffle(index, tf.stack([seed, epoch]), n - 1)
-
-    def batch(k):
-        g = k * pipelines + pipeline  # this replica batch's place in the global stream
-        idx = g * batch_size + tf.range(batch_size, dtype=tf.int64)
-        epoch, pos = idx // n, idx % n
-        first = epoch[0]  # a batch spans at most two epochs (batch_size <= n)
-        order = tf.where(epoch == first, shuffled(pos, first), shuffled(pos, first + 1))
-        x = tf.gather(images, order)
-        x = (augment_and_normalize(x, tf.stack([seed, g]), normalization) if augment
+    def make_batch(indices, g):
+        x = tf.gather(images, indices)
+        x = (augment_and_normalize(x, tf.stack([tf.constant(seed, tf.int64), g]),
+                                   normalization) if augment
              else normalize_fused(x, normalization))
-        return x, tf.gather(labels, order)
+        return x, tf.gather(labels, indices)
 
-    start = start_step * replicas_per_pipeline
-    return tf.data.Dataset.range(start, 2**62).map(batch, num_parallel_calls=tf.data.AUTOTUNE)
+    return step_indexed_batches(len(labels), batch_size, input_context, start_step, seed,
+                                make_batch)
 
 
 @register("cifar10")

@@ -11,6 +11,7 @@ import tensorflow as tf
 from absl import logging
 
 from tasks import base, register
+from tasks.input_order import step_indexed_batches
 from tasks.transformer import Block, blocks_train_flops
 
 VOCAB = 256
@@ -141,13 +142,8 @@ class ByteLMTask(base.Task):
         batch = input_context.get_per_replica_batch_size(self.config.data.global_batch_size)
         window = self.seq_len + 1
         if split == "train":
-            # Example i of the stream is the window at a fresh permutation of every
-            # start position per pass (seeded by seed and pass): a pure function of i, so
-            # a resumed run continues the exact stream of an uninterrupted one, and the
-            # examples do not depend on how the stream is cut into batches.
+            # Example i is the window starting at byte i: a pure function of the step.
             data = tf.constant(train)
-            pipelines = input_context.num_input_pipelines
-            pipeline = input_context.input_pipeline_id
             offsets = tf.range(window, dtype=tf.int64)[tf.newaxis]
             positions = len(train) - window + 1
             if batch > positions:
@@ -155,24 +151,9 @@ class ByteLMTask(base.Task):
                     f"The training text has {positions} windows of seq_len+1 bytes, fewer "
                     f"than a replica's batch of {batch}: use more text (data.files, "
                     "data.max_bytes) or a smaller data.global_batch_size.")
-            seed = tf.constant(self.config.seed, tf.int64)
-
-            def shuffled(index, epoch):
-                return tf.random.experimental.index_shuffle(
-                    index, tf.stack([seed, epoch]), positions - 1)
-
-            def windows(k):
-                g = k * pipelines + pipeline  # this replica batch's place in the stream
-                idx = g * batch + tf.range(batch, dtype=tf.int64)
-                epoch, pos = idx // positions, idx % positions
-                first = epoch[0]  # a batch spans at most two passes (batch <= positions)
-                starts = tf.where(epoch == first, shuffled(pos, first),
-                                  shuffled(pos, first + 1))
-                return tf.gather(data, starts[:, tf.newaxis] + offsets)
-
-            start = start_step * (input_context.num_replicas_in_sync // pipelines)
-            ds = tf.data.Dataset.range(start, 2**62).map(windows,
-                                                        num_parallel_calls=tf.data.AUTOTUNE)
+            ds = step_indexed_batches(
+                positions, batch, input_context, start_step, self.config.seed,
+                lambda starts, g: tf.gather(data, starts[:, tf.newaxis] + offsets))
         else:
             # Consecutive windows; each validation byte is a target exactly once. The
             # last, shorter window becomes a batch of its own.
