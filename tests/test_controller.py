@@ -13,7 +13,7 @@ import tensorflow as tf
 from conftest import build, checkpoint_steps, scalars, tiny_config
 from trainer import cli
 from trainer.actions import Action
-from trainer.controller import Controller
+from trainer.assemble import controller as Controller
 from trainer.workdir import LOCK_NAME, WorkdirLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import build, scalars, tiny_config
 from trainer.actions import Action
-from trainer.controller import Controller
+from trainer.assemble import controller as Controller
 from trainer.goodput import BUCKETS, LEDGER
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -15,6 +15,7 @@ import weakref
 import tensorflow as tf
 from absl import logging
 
+from trainer.settings import on_off_auto
 from trainer.state import (LAYOUT_VERSION, SAVED_NODES, checkpoint_reader, differences,
                            layout_variable, node, saved_variables)
 
@@ -156,15 +157,11 @@ def async_checkpoint(trainer_config, strategy):
     off on TPU (not run here) and under MultiWorkerMirroredStrategy, where every
     worker saves together (a save holds collectives) and a background write
     would let one worker's files lag the others' (the non-chiefs wait for theirs)."""
-    value = str(trainer_config.get("async_checkpoint", "auto")).lower()
-    choices = {"on": True, "true": True, "off": False, "false": False}
-    if value == "auto":
+    setting = on_off_auto(trainer_config, "async_checkpoint")
+    if setting == "auto":
         return not isinstance(strategy, (tf.distribute.MultiWorkerMirroredStrategy,
                                          tf.distribute.TPUStrategy))
-    if value not in choices:
-        raise ValueError(f"trainer.async_checkpoint={trainer_config.async_checkpoint!r} "
-                         "must be 'on', 'off' or 'auto'.")
-    return choices[value]
+    return setting
 
 
 def check_fits(path, named, saved, version):

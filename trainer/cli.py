@@ -1,7 +1,7 @@
 """The command line: `tftrainer` (or `python launch.py`) --config=FILE --workdir=DIR.
 
-Builds the strategy, sets the precision policy, builds the task and hands
-both to the Trainer. Any config field can be overridden, e.g.
+Builds the strategy, locks the workdir and hands the run to `trainer/assemble.py`,
+which builds what the mode needs. Any config field can be overridden, e.g.
 --config.trainer.train_steps=200 --config.precision=mixed_bfloat16.
 """
 
@@ -11,28 +11,16 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-import tasks
-from trainer import Trainer
-from trainer.controller import Controller
-from trainer.signals import Preempted
+from trainer.assemble import MODES, run
 from trainer.distribute import build_strategy, is_chief
-from trainer.evaluator import continuous_eval
-from trainer.batch_size_finder import find_batch_size
-from trainer.export import choose_checkpoint, export
-from trainer.lr_finder import find_lr
-from trainer.precision import set_policy, use_float32_layers
-from trainer.precision_check import precision_check
-from trainer.run_summary import mode_summary
-from trainer.workdir import (EVAL_LOCK_NAME, LOCK_NAME, ChiefFiles, WorkdirLock, check_workdir,
-                             lock_holder)
+from trainer.signals import Preempted
+from trainer.workdir import EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, check_workdir, lock_holder
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (a get_config() module).",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, summaries and config.json.")
-flags.DEFINE_enum("mode", "train_and_eval",
-                  ["train", "eval", "train_and_eval", "continuous_eval", "sample",
-                   "precision_check", "export", "find_lr", "find_batch_size"],
+flags.DEFINE_enum("mode", "train_and_eval", MODES,
                   "train: train only; eval: evaluate the latest checkpoint; "
                   "train_and_eval: train, evaluating every trainer.eval_every steps; "
                   "continuous_eval: evaluate each new checkpoint a --mode=train run writes; "
@@ -88,60 +76,6 @@ def _refuse_two_evaluators(workdir, mode):
             f"{workdir} (--mode={owner.get('mode')}); two evaluators would both write eval/ "
             "and best/. Train with --mode=train next to a --mode=continuous_eval process, "
             "or use --mode=train_and_eval alone.")
-
-
-def run(config, strategy, workdir, mode):
-    if mode == "precision_check":
-        precision_check(config, strategy, workdir, tasks.get_task)
-        return
-    if mode == "find_batch_size":
-        set_policy(config.precision, strategy)
-        find_batch_size(config, strategy, workdir, tasks.get_task)
-        return
-    if mode in ("eval", "continuous_eval", "export"):  # train_* write summary.json
-        with mode_summary(workdir, mode, ChiefFiles(is_chief(strategy))) as summary:
-            _run(config, strategy, workdir, mode, summary)
-    else:
-        _run(config, strategy, workdir, mode, {})
-
-
-def _run(config, strategy, workdir, mode, summary):
-    set_policy(config.precision, strategy)
-    task = tasks.get_task(config)
-    if mode == "export":
-        use_float32_layers(tuple(config.precision_overrides.float32_layers))
-        if is_chief(strategy):  # one writer
-            summary["checkpoint"] = choose_checkpoint(config, workdir)
-            summary["directory"] = export(config, task, workdir, summary["checkpoint"])
-        return
-    if mode == "find_lr":
-        find_lr(config, task, strategy, workdir)
-        return
-    trainer = Trainer(config, task, strategy, workdir)
-    if mode == "continuous_eval":
-        continuous_eval(trainer, summary)
-    elif mode in ("eval", "sample"):
-        if mode == "sample" and not hasattr(task, "sample"):
-            raise ValueError(f"--mode=sample: task {config.task.name!r} cannot generate text.")
-        summary["checkpoint"] = trainer.restore()
-        if not summary["checkpoint"]:
-            raise FileNotFoundError(
-                f"--mode={mode}: no checkpoint in {workdir}/checkpoints. Train "
-                "first (--mode=train_and_eval) or point --workdir at a trained run.")
-        if mode == "eval":
-            summary.update(step=int(trainer.step.numpy()),
-                           eval=Controller(trainer).evaluate())
-        else:
-            s = config.sample
-            prompt = s.prompt.encode()
-            with trainer.eval_weights():  # the EMA weights, if evaluation uses them
-                text = task.sample(trainer.model, prompt, s.num_bytes, s.temperature,
-                                   s.top_k, s.seed)
-            # The bytes as sampled (a decode would replace a cut UTF-8 sequence).
-            sys.stdout.buffer.write(prompt + text + b"\n")
-            sys.stdout.flush()
-    else:
-        trainer.train(evaluate=mode == "train_and_eval")
 
 
 def entry():

@@ -10,82 +10,33 @@ action may hold collectives; decisions that one process takes alone (a signal,
 its clock, a stop requested by an action) are agreed on by all-reducing a flag.
 """
 
-import os
 import signal
-import sys
 import time
 
 import tensorflow as tf
 from absl import logging
 
 from trainer import actions as actions_lib
-from trainer.best import BestCheckpoint
 from trainer.divergence import check_finite
-from trainer.export import Export, check_export
 from trainer.goodput import Ledger, launch_start
 from trainer.jit_choice import choose_jit
-from trainer.numerics import NumericsLog
-from trainer.precision import layers_of
-from trainer.profiler import Profile, check_profile_steps
 from trainer.run_summary import write_start, write_summary
-from trainer.samples import Samples
 from trainer.signals import Preempted, StopOnSignal
 from trainer.summaries import Summaries
 from trainer.workdir import ChiefFiles
 
 
 class Controller:
-    """Runs `trainer` to `trainer.train_steps` with its actions.
+    """Runs `trainer` to `trainer.train_steps`, calling `actions` (trainer/actions.py)
+    at their steps; it builds none of them (`trainer/assemble.py` does)."""
 
-    Built in, in this order: LogTrain (`log_every`), SaveCheckpoint
-    (`checkpoint_every`, and whenever the run stops early), Evaluate
-    (`eval_every`, if `evaluate`), BestCheckpoint (`best_metric`, with early
-    stopping after `early_stop_patience` evaluations without improvement),
-    Samples (input grid, text samples), NumericsLog (`numerics.every`),
-    ProgressBar (stdout a terminal), Export (`export.enabled`, at the end), with
-    Profile (`profile_steps`) first of all; then the actions of `config.actions`,
-    then `actions`.
-    """
-
-    def __init__(self, trainer, evaluate=True, actions=()):
+    def __init__(self, trainer, actions):
         self.trainer = trainer
-        config, tc = trainer.config, trainer.config.trainer
         self.summaries = Summaries(trainer.workdir, trainer.is_chief)
         self.files = ChiefFiles(trainer.is_chief)  # what actions write besides summaries
         self.ledger = Ledger(trainer.workdir, trainer.is_chief)  # where the time went
-        self.actions = [actions_lib.LogTrain(tc.log_every),
-                        actions_lib.SaveCheckpoint(tc.checkpoint_every)]
-        if tc.early_stop_patience and not evaluate:
-            raise ValueError(
-                f"trainer.early_stop_patience={tc.early_stop_patience} needs evaluation "
-                "during training (--mode=train_and_eval); set "
-                "--config.trainer.early_stop_patience=0 to train without it.")
-        if tc.early_stop_patience and not tc.eval_every:
-            raise ValueError(
-                f"trainer.early_stop_patience={tc.early_stop_patience} counts evaluations, "
-                "but trainer.eval_every=0 evaluates only at the end; set "
-                "--config.trainer.eval_every.")
-        if evaluate:
-            self.actions.append(actions_lib.Evaluate(tc.eval_every))
-            best = self.best_checkpoint()
-            if best:
-                self.actions.append(best)
-        self.actions.append(Samples())
-        if trainer.telemetry:
-            self.actions.append(NumericsLog(
-                trainer.telemetry, trainer.loss_scale.enabled,
-                os.path.join(trainer.workdir, "numerics.json"),
-                {layer.path: layer.compute_dtype for layer in layers_of(trainer.model)}))
-        if sys.stdout.isatty():
-            self.actions.append(actions_lib.ProgressBar())
-        profile = check_profile_steps(tc.profile_steps, trainer.train_steps)
-        if profile:
-            self.actions.insert(0, Profile(*profile, os.path.join(trainer.workdir, "train")))
-        if config.export.enabled:
-            check_export(config, trainer.task)  # now, not after training
-            self.actions.append(Export())
-        self.actions += actions_lib.from_config(config.actions) + list(actions)
-        self.max_seconds = tc.max_seconds
+        self.actions = list(actions)
+        self.max_seconds = trainer.config.trainer.max_seconds
         self.step = self.start_step = int(trainer.step.numpy())
         # This process's wall time: in the compiled train loop, and in actions by kind.
         self.seconds = {"train": 0.0, "input_wait": 0.0, "eval": 0.0, "checkpoint": 0.0,
@@ -99,18 +50,6 @@ class Controller:
         self.last_eval = self.last_train = None  # the latest eval/train metrics logged
         self._requested = None
         self._signalled = False
-
-    def best_checkpoint(self):
-        """The BestCheckpoint action `config.trainer` asks for, or None."""
-        tc = self.trainer.config.trainer
-        if not tc.best_metric:
-            return None
-        known = [f"eval/{m.name}" for m in self.trainer.eval_metrics]
-        if tc.best_metric not in known:
-            raise ValueError(f"trainer.best_metric={tc.best_metric!r} is not an eval metric "
-                             f"of this task; choose one of {', '.join(known)}.")
-        return BestCheckpoint(os.path.join(self.trainer.workdir, "best"), tc.best_metric,
-                              tc.best_mode, tc.early_stop_patience)
 
     @property
     def is_chief(self):
@@ -200,13 +139,6 @@ class Controller:
             raise Preempted(f"Stopped by {stop.name} at step {self.step}; checkpoint saved in "
                             f"{trainer.checkpoints.directory}. Relaunch with the same "
                             "--workdir to continue from this step.", stop.signum or signal.SIGTERM)
-        return self.last_eval
-
-    def evaluate(self):
-        """One evaluation at the current step, written to `eval/` (for --mode=eval)."""
-        logs = {}
-        actions_lib.Evaluate(0)(self, self.step, logs)
-        self.summaries.flush()
         return self.last_eval
 
     # ----------------------------------------------------------------- inside
@@ -328,23 +260,3 @@ class Controller:
             f"{str(error).strip().splitlines()[0][:200]}). Relaunch every worker with the "
             "same --workdir: training resumes from "
             f"{self.trainer.checkpoints.latest}.")
-
-
-def check_trainer_config(tc):
-    """Fails on `config.trainer` values the loop cannot honour, naming the fix."""
-    for name in ("steps_per_loop", "log_every", "checkpoint_every", "eval_every",
-                 "early_stop_patience"):
-        value, minimum = tc[name], 1 if name == "steps_per_loop" else 0
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise ValueError(
-                f"trainer.{name}={value!r} must be an integer >= {minimum}"
-                + (" (0: only at the end of training)." if name.endswith("_every") else "."))
-    if not isinstance(tc.max_seconds, (int, float)) or tc.max_seconds < 0:
-        raise ValueError(f"trainer.max_seconds={tc.max_seconds!r} must be a number >= 0 "
-                         "(0: no time budget).")
-    if tc.best_mode not in ("max", "min"):
-        raise ValueError(f"trainer.best_mode={tc.best_mode!r} must be 'max' or 'min'.")
-    if tc.early_stop_patience and not tc.best_metric:
-        raise ValueError("trainer.early_stop_patience needs trainer.best_metric, the eval "
-                         "metric to watch (e.g. --config.trainer.best_metric=eval/loss "
-                         "--config.trainer.best_mode=min).")

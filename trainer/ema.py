@@ -12,9 +12,8 @@ import contextlib
 
 import tensorflow as tf
 
-# Keras keeps the averages in this private list, one per trainable variable, and
-# has no public way to read them without overwriting the model's weights.
-AVERAGES = "_model_variables_moving_average"
+from trainer.keras_internals import EMA_AVERAGES, ema_averages
+
 
 
 def check_ema_decay(decay):
@@ -38,11 +37,11 @@ class EmaWeights:
 
     def __init__(self, variables, optimizer):
         """`variables`: the trained ones, as the optimizer was built for."""
-        averages = getattr(optimizer, AVERAGES, None)
+        averages = ema_averages(optimizer)
         if averages is None or len(averages) != len(variables):
             raise RuntimeError(
                 f"{type(optimizer).__name__} (Keras {__import__('keras').__version__}) holds "
-                f"no {AVERAGES} for the model's {len(variables)} trained "
+                f"no {EMA_AVERAGES} for the model's {len(variables)} trained "
                 "variables: this Keras changed where it keeps the EMA. Install the Keras "
                 "version pinned in pyproject.toml, or set --config.optimizer.ema_decay=0.")
         self.variables, self.averages = list(variables), averages

@@ -13,22 +13,14 @@ import os
 import tensorflow as tf
 from absl import logging
 
-from trainer.actions import Evaluate
-from trainer.controller import Controller
 from trainer.workdir import read_json
 
 STATE = "continuous_eval.json"
 
 
-def continuous_eval(trainer, summary=None):
-    """Evaluates every checkpoint newer than the last one evaluated, in step order;
-    returns once the training run's final checkpoint is evaluated, or after
-    `config.eval.timeout_seconds` without a new checkpoint. `summary` (a dict) gets
-    the steps evaluated, the last results and why it ended."""
-    summary = {} if summary is None else summary
-    summary.update(evaluated_steps=[], eval=None)
-    config = trainer.config
-    if config.trainer.early_stop_patience:
+def check(trainer):
+    """Fails on a run config a continuous evaluator cannot serve, naming the fix."""
+    if trainer.config.trainer.early_stop_patience:
         raise ValueError(
             "--mode=continuous_eval cannot stop the training run, so early stopping needs "
             "--mode=train_and_eval; set --config.trainer.early_stop_patience=0.")
@@ -37,8 +29,17 @@ def continuous_eval(trainer, summary=None):
         # checkpoints, while every evaluation holds collectives.
         raise ValueError("--mode=continuous_eval runs in one process: set "
                          "--config.distribution.strategy to mirrored, one_device or default.")
-    controller = Controller(trainer, evaluate=False)
-    evaluate, best = Evaluate(0), controller.best_checkpoint()
+
+
+def continuous_eval(controller, evaluate, best, summary):
+    """Evaluates every checkpoint newer than the last one evaluated, in step order,
+    with the `evaluate` and `best` (or None) actions of `controller`; returns once
+    the training run's final checkpoint is evaluated, or after
+    `config.eval.timeout_seconds` without a new one. `summary` (a dict) gets the
+    steps evaluated, the last results and why it ended."""
+    summary.update(evaluated_steps=[], eval=None)
+    trainer = controller.trainer
+    config = trainer.config
     if best:
         best.begin(controller)
     state_path = os.path.join(trainer.workdir, STATE)

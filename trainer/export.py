@@ -24,6 +24,7 @@ from trainer import best as best_lib
 from trainer.checkpoints import (IncompatibleCheckpointError, check_fits, make_checkpoint,
                                  read_error)
 from trainer.ema import evaluates_ema
+from trainer.keras_internals import sublayers
 from trainer.optimizers import build_optimizer, trained_variables
 from trainer.precision import check_float32_layers
 from trainer.state import optimizer_variables, saved_variables, variable_names
@@ -136,7 +137,7 @@ def _load(config, task, checkpoint, compute_dtype, layer_policies):
     finally:
         keras.mixed_precision.set_global_policy(previous)
     if compute_dtype == "training" and layer_policies:
-        for layer, policy in zip(model._flatten_layers(include_self=False), layer_policies):
+        for layer, policy in zip(sublayers(model), layer_policies):
             layer.dtype_policy = policy
     elif compute_dtype == "training":
         check_float32_layers(model, tuple(config.precision_overrides.float32_layers))
@@ -181,4 +182,4 @@ class Export(Action):
         export(trainer.config, trainer.task, trainer.workdir,
                choose_checkpoint(trainer.config, trainer.workdir),
                layer_policies=[layer.dtype_policy for layer in
-                               trainer.model._flatten_layers(include_self=False)])
+                               sublayers(trainer.model)])

@@ -16,22 +16,17 @@ import time
 import tensorflow as tf
 from absl import logging
 
+from trainer.settings import on_off_auto
 from trainer.workdir import read_json
 
 CHOICE_FILE = "jit_compile.json"
 TIMED_CALLS = 5
-_SETTINGS = {"on": True, "true": True, "off": False, "false": False, "auto": "auto"}
-
-
 def jit_setting(trainer_config, strategy):
     """True, False or "auto" from `trainer.jit_compile` (on / off / auto)."""
-    value = str(trainer_config.jit_compile).lower()
-    if value not in _SETTINGS:
-        raise ValueError(f"trainer.jit_compile={trainer_config.jit_compile!r} must be 'on', "
-                         "'off' or 'auto'.")
+    setting = on_off_auto(trainer_config, "jit_compile")
     if isinstance(strategy, tf.distribute.TPUStrategy):
         return True  # a TPU runs compiled programs only
-    return _SETTINGS[value]
+    return setting
 
 
 def choose_jit(controller):

@@ -11,8 +11,6 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 # normalization scales and offsets (Keras names them gamma and beta), embeddings.
 WEIGHT_DECAY_EXCLUDE = (r".*/bias", r".*/(gamma|beta)", r".*/embeddings")
 SCHEDULES = ("constant", "cosine")
-# The one private Keras hook the Trainer touches (see `disable_keras_all_reduce`).
-ALL_REDUCE_HOOK = "_all_reduce_sum_gradients"
 
 
 def build_learning_rate(config, train_steps, step=None):
@@ -94,22 +92,3 @@ def _keras_optimizer(config, lr):
                                     **ema)
     raise ValueError(f"config.optimizer.name={config.name!r} is unknown; "
                      f"choose one of {OPTIMIZERS}.")
-
-
-def disable_keras_all_reduce(optimizer):
-    """Makes `optimizer.apply` use the gradients as given, without all-reducing them.
-
-    The Trainer all-reduces gradients itself, once, before it decides
-    finiteness and clips; Keras' TensorFlow optimizer would all-reduce them a
-    second time inside `apply` (in replica context). Keras has no public
-    switch for this, so we replace its private method on the instance, and
-    fail here, loudly, if a Keras release renamed it: otherwise gradients
-    would silently be summed twice.
-    """
-    if not callable(getattr(type(optimizer), ALL_REDUCE_HOOK, None)):
-        raise RuntimeError(
-            f"{type(optimizer).__name__} has no {ALL_REDUCE_HOOK}: this Keras "
-            f"({keras.__version__}) changed the hook the Trainer uses to avoid reducing "
-            "gradients twice. Install the Keras version pinned in pyproject.toml.")
-    setattr(optimizer, ALL_REDUCE_HOOK, lambda grads_and_vars: list(grads_and_vars))
-    return optimizer

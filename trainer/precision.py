@@ -10,6 +10,8 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from trainer.keras_internals import sublayers
+
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 
 
@@ -95,8 +97,8 @@ def use_float32_layers(patterns):
 
 
 def layers_of(model):
-    """The model's layers that have a path, outermost first."""
-    return [layer for layer in model._flatten_layers(include_self=False) if layer.path]
+    """The model's layers that have a path, each after its parent."""
+    return [layer for layer in sublayers(model) if layer.path]
 
 
 def check_float32_layers(model, patterns):
@@ -117,7 +119,7 @@ def check_float32_layers(model, patterns):
     def cover_pathless(layer, inherited):
         # Keras gives a path only to layers that build (not Softmax, Dropout, ...), so
         # DTypePolicyMap never sees them: they follow their matched parent here.
-        for child in layer._flatten_layers(include_self=False, recursive=False):
+        for child in sublayers(layer, recursive=False):
             if child.path:
                 cover_pathless(child, matched(child))
             else:

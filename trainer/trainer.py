@@ -18,15 +18,16 @@ from absl import logging
 from trainer.accumulation import accumulate, batch_micro_steps, check_accumulation_steps
 from trainer.checkpoints import Checkpoints, async_checkpoint
 from trainer.actions import format_metrics
-from trainer.controller import Controller, check_trainer_config
 from trainer.distribute import is_chief
 from trainer.ema import EmaWeights, evaluates_ema
 from trainer.evaluation import Evaluation, as_float32
 from trainer.flops import Utilization
 from trainer.jit_choice import jit_setting
 from trainer.loss_scale import LossScale, all_finite
-from trainer.optimizers import build_optimizer, disable_keras_all_reduce, trained_variables
+from trainer.keras_internals import apply_gradients_as_given
+from trainer.optimizers import build_optimizer, trained_variables
 from trainer.numerics import Telemetry, check_numerics_every
+from trainer.settings import check_trainer_config
 from trainer.precision import (advise_shapes, check_float32_layers, layers_of, policy_name,
                                use_float32_layers)
 from trainer.state import optimizer_variables, variable_names
@@ -106,7 +107,7 @@ class Trainer:
             self.trained_variables = self.variables.trained
             self.step = _step_variable("global_step")
             # Built now, not at the first apply, so that a restore fills the slots.
-            self.optimizer = disable_keras_all_reduce(
+            self.optimizer = apply_gradients_as_given(
                 build_optimizer(config.optimizer, self.train_steps, self.step, trained))
             # Evaluation (and so the best checkpoint) sees the EMA weights, if any.
             self.ema = (EmaWeights(self.trained_variables, self.optimizer)
@@ -317,9 +318,10 @@ class Trainer:
         self.train_loop = tf.function(self._train_loop_fn)
 
     def train(self, evaluate=True, actions=()):
-        """Trains to `trainer.train_steps` from wherever the workdir left off and returns
-        the last eval results; see `Controller` for what happens between steps."""
-        return Controller(self, evaluate=evaluate, actions=actions).train()
+        """A convenience for `trainer.assemble.train(self, evaluate, actions)`: trains to
+        `train_steps` with the actions the config asks for; returns the last eval."""
+        from trainer import assemble  # the assembly builds on the Trainer, not the reverse
+        return assemble.train(self, evaluate, actions)
 
     def distributed_dataset(self, split):
         """Per-replica batches; train starts at the current (restored) step, in

@@ -1,0 +1,32 @@
+"""Reading `config.trainer`: the loop's intervals and the on / off / auto switches,
+checked once, with errors that name the fix."""
+
+_ON_OFF_AUTO = {"on": True, "true": True, "off": False, "false": False, "auto": "auto"}
+
+
+def on_off_auto(trainer_config, field):
+    """True, False or "auto" from `trainer.<field>` (on / true, off / false, auto)."""
+    value = trainer_config.get(field, "auto")
+    if str(value).lower() not in _ON_OFF_AUTO:
+        raise ValueError(f"trainer.{field}={value!r} must be 'on', 'off' or 'auto'.")
+    return _ON_OFF_AUTO[str(value).lower()]
+
+
+def check_trainer_config(tc):
+    """Fails on `config.trainer` values the loop cannot honour, naming the fix."""
+    for name in ("steps_per_loop", "log_every", "checkpoint_every", "eval_every",
+                 "early_stop_patience"):
+        value, minimum = tc[name], 1 if name == "steps_per_loop" else 0
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise ValueError(
+                f"trainer.{name}={value!r} must be an integer >= {minimum}"
+                + (" (0: only at the end of training)." if name.endswith("_every") else "."))
+    if not isinstance(tc.max_seconds, (int, float)) or tc.max_seconds < 0:
+        raise ValueError(f"trainer.max_seconds={tc.max_seconds!r} must be a number >= 0 "
+                         "(0: no time budget).")
+    if tc.best_mode not in ("max", "min"):
+        raise ValueError(f"trainer.best_mode={tc.best_mode!r} must be 'max' or 'min'.")
+    if tc.early_stop_patience and not tc.best_metric:
+        raise ValueError("trainer.early_stop_patience needs trainer.best_metric, the eval "
+                         "metric to watch (e.g. --config.trainer.best_metric=eval/loss "
+                         "--config.trainer.best_mode=min).")
