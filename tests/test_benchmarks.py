@@ -52,3 +52,25 @@ def test_fit_parity_harness_smoke(tmp_path):
     assert row["difference"] == row["trainer"] - row["fit"]
     assert "eval @ step 4:" in run.stderr and "num_examples=256" in run.stderr
     assert "| 0 |" in (out / "results.md").read_text()
+
+
+def test_time_to_accuracy_harness_smoke(tmp_path):
+    """The Trainer and model.fit both train a tiny LM to an easy bits-per-byte target;
+    the report gives each one's time and the steps it took (no timing is asserted)."""
+    out = tmp_path / "tta"
+    tiny = ("model.num_layers=1,model.d_model=32,model.num_heads=2,model.mlp_dim=64,"
+            "model.seq_len=32,data.max_bytes=200000,trainer.train_steps=80,"
+            "optimizer.warmup_steps=0,trainer.jit_compile=off")
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.time_to_accuracy", "--workloads=lm",
+         "--repeats=1", "--target=7.0", "--eval_every=10", f"--set={tiny}", f"--out={out}"],
+        cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
+        text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.load(open(out / "results.json"))
+    for contender in ("trainer", "fit"):
+        (r,) = results["runs"]["lm"][contender]
+        assert r["value"] <= 7.0 and r["seconds"] > 0 and r["step"] % 10 == 0
+        first_hit = next(s for _, s, v in r["curve"] if v <= 7.0)
+        assert r["step"] == first_hit
+    assert "| lm | bits_per_byte <= 7.0 |" in run.stdout
