@@ -39,7 +39,7 @@ def build(mode, workdir):
     import configs.lm
     import tasks
     from trainer import Trainer
-    from trainer.precision import set_policy
+    from trainer.runtime.precision import set_policy
     config = (configs.lm if FLAGS.config == "lm" else configs.cifar).get_config()
     if FLAGS.config == "resnet":
         config.model.name = "resnet"

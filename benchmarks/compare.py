@@ -114,7 +114,7 @@ def trainer_contender(name, config, task, strategy, steps_per_loop, workdir, ove
     (as in a real run). `overrides`: {"section.field": value} to change in the config."""
     import tensorflow as tf
     from trainer import Trainer
-    from trainer.summaries import Summaries
+    from trainer.runtime.summaries import Summaries
     config = config.copy_and_resolve_references()
     config.trainer.steps_per_loop = steps_per_loop
     for key, value in dict(overrides).items():
@@ -139,7 +139,7 @@ def trainer_contender(name, config, task, strategy, steps_per_loop, workdir, ove
 
 def fit_contender(config, task, strategy, batches, steps_per_execution):
     import tensorflow as tf
-    from trainer.optimizers import build_optimizer
+    from trainer.step.optimizers import build_optimizer
     with strategy.scope():
         model = task.build_model()
         model.compile(optimizer=build_optimizer(config.optimizer, 10**9),
@@ -157,7 +157,7 @@ def fit_contender(config, task, strategy, batches, steps_per_execution):
 def bare_contender(config, task, strategy, batches):
     """The minimal tf.function step: forward, loss, tape.gradient, apply."""
     import tensorflow as tf
-    from trainer.optimizers import build_optimizer
+    from trainer.step.optimizers import build_optimizer
     with strategy.scope():
         model = task.build_model()
         optimizer = build_optimizer(config.optimizer, 10**9)
@@ -203,7 +203,7 @@ def summarize(c, batch, tokens_per_example):
 def run_precision(precision, config, strategy, workdir):
     import keras
     import tasks
-    from trainer.precision import set_policy
+    from trainer.runtime.precision import set_policy
     set_policy(precision, strategy)
     keras.utils.set_random_seed(config.seed)
     task = tasks.get_task(config)
@@ -283,7 +283,7 @@ def plot(results, path):
 def main(argv):
     del argv
     import tensorflow as tf
-    from trainer.distribute import build_strategy
+    from trainer.runtime.distribute import build_strategy
     os.makedirs(FLAGS.out, exist_ok=True)
     config = make_config()
     strategy = build_strategy(config.distribution)
@@ -307,7 +307,7 @@ def main(argv):
         text.append("Trainer speed-up over float32: " + ", ".join(
             f"{p} {s:.2f}x" for p, s in results["speedup_vs_float32"].items()) + "\n")
     sweep_precision = precisions[-1] if precisions[-1] != "mixed_float16" else precisions[0]
-    from trainer.precision import set_policy
+    from trainer.runtime.precision import set_policy
     set_policy(sweep_precision, strategy)
     import tasks
     sweep, pipeline, features = run_sweeps(config, strategy, tasks.get_task(config), workdir)

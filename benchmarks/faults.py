@@ -38,8 +38,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from trainer.checkpoints import read_error
-from trainer.goodput import Ledger, account
+from trainer.loop.goodput import Ledger, account
+from trainer.state.checkpoints import read_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP_LINE = re.compile(r"step (\d+)/(\d+):")

@@ -73,7 +73,7 @@ def run_pair(data_dir, data, seed, workdir):
     import tasks
     from tasks.cifar10 import seed_cnn
     from trainer import Trainer
-    from trainer.precision import set_policy
+    from trainer.runtime.precision import set_policy
 
     strategy = tf.distribute.get_strategy()
     keras.utils.set_random_seed(seed)

@@ -5,7 +5,7 @@ python launch.py --config=configs/cifar.py --workdir=runs/cifar
 
 import ml_collections
 
-from trainer.optimizers import WEIGHT_DECAY_EXCLUDE
+from trainer.step.optimizers import WEIGHT_DECAY_EXCLUDE
 
 TRAIN_EXAMPLES = 50_000
 
@@ -95,13 +95,13 @@ def get_config():
         log_every=50,
         deterministic=False,       # True: deterministic ops, so a resumed run is bitwise exact
         # on | off | auto: XLA for the forward and backward pass; auto times both on the
-        # first launch and keeps the faster (trainer/jit_choice.py); TPUs always compile.
+        # first launch and keeps the faster (trainer/loop/jit_choice.py); TPUs always compile.
         jit_compile="auto",
         # After each eval, the best checkpoint by this eval metric is kept in workdir/best/
         # ("": none); early_stop_patience > 0 evals without improvement end the run.
         best_metric="eval/accuracy", best_mode="max", early_stop_patience=0,
         max_seconds=0.0,           # > 0: stop with a checkpoint after this long (0: no limit)
-        # > 0: peak TFLOP/s of one device, for MFU where trainer/flops.py has no figure
+        # > 0: peak TFLOP/s of one device, for MFU where trainer/step/flops.py has no figure
         # (0: its table for GPUs/TPUs, a measured matmul on a CPU)
         peak_tflops=0.0,
         profile_steps=()))         # (first, last): a profiler trace of those steps, in train/

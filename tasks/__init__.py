@@ -1,6 +1,6 @@
 """Task registry: `config.task.name` -> Task class."""
 
-from trainer.plugins import import_module
+from trainer.runtime.plugins import import_module
 
 _REGISTRY = {}
 

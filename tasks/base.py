@@ -60,7 +60,7 @@ class Task(abc.ABC):
             "exported; see BUILD.md, 'Exporting for serving'.")
 
     def flops_per_example(self):
-        """FLOPs of one example's forward and backward pass, for MFU (trainer/flops.py);
+        """FLOPs of one example's forward and backward pass, for MFU (trainer/step/flops.py);
         None (the default): counted on the model's forward graph."""
         return None
 

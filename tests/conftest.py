@@ -18,7 +18,7 @@ tf.config.set_logical_device_configuration(
 from configs import cifar  # noqa: E402
 import tasks  # noqa: E402
 from trainer import Trainer  # noqa: E402
-from trainer.precision import set_policy  # noqa: E402
+from trainer.runtime.precision import set_policy  # noqa: E402
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,9 +16,9 @@ import numpy as np  # noqa: E402
 import tasks  # noqa: E402
 from configs import cifar  # noqa: E402
 from trainer import Trainer  # noqa: E402
-from trainer.actions import Action  # noqa: E402
-from trainer.distribute import build_strategy  # noqa: E402
-from trainer.precision import set_policy  # noqa: E402
+from trainer.loop.actions import Action  # noqa: E402
+from trainer.runtime.distribute import build_strategy  # noqa: E402
+from trainer.runtime.precision import set_policy  # noqa: E402
 
 
 def record_step(controller, step, logs, path):

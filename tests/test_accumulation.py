@@ -131,7 +131,7 @@ def test_micro_batches_read_exactly_the_examples_of_the_big_batch(task_name):
     also from a resumed step (the stream starts at step * k micro-batches)."""
     import tasks
     from configs import lm
-    from trainer.accumulation import batch_micro_steps
+    from trainer.step.accumulation import batch_micro_steps
     config = tiny_config() if task_name == "cifar10" else lm.get_config()
     if task_name == "lm":
         config.data.max_bytes = 100_000
@@ -160,7 +160,7 @@ def test_micro_batches_read_exactly_the_examples_of_the_big_batch(task_name):
 
 def test_per_step_summaries_of_successive_runs_in_one_process(tmp_path):
     """A compiled summary write holds the writer it was traced with: each run's own."""
-    from trainer.summaries import Summaries
+    from trainer.runtime.summaries import Summaries
     for run in ("a", "b"):
         summaries = Summaries(str(tmp_path / run), True)
         summaries.per_step("train", ("loss", "grad_norm"), np.arange(6.0).reshape(3, 2), 4)

@@ -12,9 +12,9 @@ import tensorflow as tf
 
 from conftest import build, checkpoint_steps, scalars, tiny_config
 from trainer import cli
-from trainer.actions import Action
 from trainer.assemble import controller as Controller
-from trainer.workdir import LOCK_NAME, WorkdirLock
+from trainer.loop.actions import Action
+from trainer.state.workdir import LOCK_NAME, WorkdirLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -7,8 +7,8 @@ import tensorflow as tf
 
 from conftest import build, tiny_config, two_replicas
 from test_replica_consistency import data, make_trainer, replica_weights
-from trainer import export as export_lib
-from trainer.checkpoints import IncompatibleCheckpointError
+from trainer.outputs import export as export_lib
+from trainer.state.checkpoints import IncompatibleCheckpointError
 
 DECAY = 0.8
 

@@ -14,7 +14,7 @@ import tasks
 from conftest import build, tiny_config
 from test_precision import tiny_lm_config
 from trainer.cli import execute
-from trainer.export import export
+from trainer.outputs.export import export
 
 # Loads each export in a process of its own, as a server would, and saves its outputs.
 SERVE = """

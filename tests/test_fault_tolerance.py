@@ -17,8 +17,8 @@ import tensorflow as tf
 import tasks
 from conftest import build, checkpoint_steps, tiny_config, two_replicas
 from trainer import Trainer
-from trainer.checkpoints import IncompatibleCheckpointError
-from trainer.workdir import WorkdirLock, check_workdir
+from trainer.state.checkpoints import IncompatibleCheckpointError
+from trainer.state.workdir import WorkdirLock, check_workdir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -292,7 +292,7 @@ def test_async_checkpoints_hold_the_values_of_their_step(tmp_path):
 
 
 def test_async_checkpoint_setting_is_checked():
-    from trainer.checkpoints import async_checkpoint
+    from trainer.state.checkpoints import async_checkpoint
     config = tiny_config().trainer
     assert async_checkpoint(config, two_replicas())
     with pytest.raises(ValueError, match="async_checkpoint='yes' must be 'on', 'off' or 'auto'"):

@@ -10,8 +10,8 @@ import tensorflow as tf
 import tasks
 from conftest import scalars, tiny_config
 from trainer import cli
-from trainer.batch_size_finder import find_batch_size
-from trainer.lr_finder import suggest
+from trainer.modes.batch_size_finder import find_batch_size
+from trainer.modes.lr_finder import suggest
 
 
 def test_find_lr_sweeps_until_the_loss_diverges_and_suggests_a_rate(tmp_path, capsys):

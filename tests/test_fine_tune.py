@@ -13,8 +13,8 @@ import zoo  # noqa: F401  (registers the task)
 from conftest import build, tiny_config
 from test_transformers import tiny_lm
 from trainer import Trainer
-from trainer.checkpoints import IncompatibleCheckpointError
-from trainer.export import choose_checkpoint
+from trainer.outputs.export import choose_checkpoint
+from trainer.state.checkpoints import IncompatibleCheckpointError
 
 
 def weights(trainer):

@@ -10,7 +10,7 @@ import tasks
 from conftest import build, scalars, tiny_config
 from tasks.lm import VOCAB
 from test_transformers import tiny_lm
-from trainer import flops
+from trainer.step import flops
 
 
 def test_a_dense_models_forward_flops_are_the_hand_count():

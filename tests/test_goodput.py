@@ -9,9 +9,9 @@ import time
 import pytest
 
 from conftest import build, scalars, tiny_config
-from trainer.actions import Action
 from trainer.assemble import controller as Controller
-from trainer.goodput import BUCKETS, LEDGER
+from trainer.loop.actions import Action
+from trainer.loop.goodput import BUCKETS, LEDGER
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from conftest import build, tiny_config, two_replicas
-from trainer import jit_choice
+from trainer.runtime import settings as jit_choice
 
 
 def test_auto_times_both_keeps_the_faster_and_a_relaunch_reuses_it(tmp_path, caplog):

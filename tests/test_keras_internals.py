@@ -3,7 +3,7 @@
 import keras
 import pytest
 
-from trainer import keras_internals
+from trainer.runtime import keras_internals
 
 
 @pytest.mark.parametrize("call, api", [

@@ -12,7 +12,7 @@ import tensorflow as tf
 import tasks
 from conftest import scalars, tiny_config, two_replicas
 from trainer import Trainer
-from trainer.distribute import build_strategy, is_chief
+from trainer.runtime.distribute import build_strategy, is_chief
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config.data.source=synthetic", "--config.data.synthetic_train_size=256",
@@ -139,7 +139,7 @@ def test_batch_larger_than_the_dataset(tmp_path):
 
 
 def test_second_launch_on_a_busy_workdir_is_refused(tmp_path):
-    from trainer.workdir import WorkdirLock
+    from trainer.state.workdir import WorkdirLock
     with WorkdirLock(str(tmp_path)):
         run = launch(tmp_path, *TINY, "--config.trainer.train_steps=4")
     assert run.returncode != 0

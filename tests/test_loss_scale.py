@@ -1,7 +1,7 @@
 import numpy as np
 import tensorflow as tf
 
-from trainer.loss_scale import LossScale, all_finite
+from trainer.step.loss_scale import LossScale, all_finite
 
 
 def run_updates(ls, pattern):

@@ -7,8 +7,8 @@ import tensorflow as tf
 
 import zoo  # noqa: F401  (registers the task)
 from conftest import build, two_replicas
-from trainer.checkpoints import IncompatibleCheckpointError
-from trainer.export import export
+from trainer.outputs.export import export
+from trainer.state.checkpoints import IncompatibleCheckpointError
 
 
 def state(trainer):
@@ -73,7 +73,7 @@ def test_nested_inputs_and_outputs_in_precision_check_and_telemetry(tmp_path):
     """Dict inputs, an unused aux output (no gradient): the precision check compares the
     trained layers, telemetry records every layer."""
     import tasks
-    from trainer.precision_check import precision_check
+    from trainer.modes.precision_check import precision_check
 
     for name in ("dict_inputs", "aux_head"):
         config = zoo.zoo_config(name, precision="mixed_bfloat16",

@@ -11,8 +11,8 @@ import tasks
 from conftest import build, tiny_config, two_replicas
 from configs import lm
 from trainer import Trainer
-from trainer.precision import advise_shapes, layers_of, misaligned_shapes, set_policy
-from trainer.precision_check import precision_check
+from trainer.modes.precision_check import precision_check
+from trainer.runtime.precision import advise_shapes, layers_of, misaligned_shapes, set_policy
 
 
 def tiny_lm_config(precision, **overrides):

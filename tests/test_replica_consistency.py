@@ -9,7 +9,7 @@ import tasks
 from conftest import tiny_config, two_replicas
 from tasks.base import Task
 from trainer import Trainer
-from trainer.divergence import check_finite
+from trainer.loop.divergence import check_finite
 
 PER_REPLICA = 4
 
@@ -275,7 +275,7 @@ def test_the_schedule_follows_the_step_and_ends_at_train_steps(tmp_path):
 
 def test_a_renamed_keras_hook_fails_at_optimizer_build(monkeypatch, tmp_path):
     """Were Keras to rename the method, gradients would silently be reduced twice."""
-    from trainer import keras_internals as optimizers
+    from trainer.runtime import keras_internals as optimizers
     monkeypatch.setattr(optimizers, "ALL_REDUCE_HOOK", "_all_reduce_renamed")
     x, y = data(1, np.random.default_rng(0))
     with pytest.raises(RuntimeError, match="_all_reduce_renamed.*pinned in pyproject"):

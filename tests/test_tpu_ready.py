@@ -9,7 +9,7 @@ import tensorflow as tf
 import tasks
 from conftest import tiny_config
 from trainer import Trainer
-from trainer.precision import set_policy
+from trainer.runtime.precision import set_policy
 
 
 @pytest.mark.parametrize("name,batch,accumulation", [("cifar_tpu", 8, 2), ("lm_tpu", 2, 1)])

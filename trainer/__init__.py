@@ -1,9 +1,10 @@
 """The training engine: Trainer, loss scaling, strategy and precision setup."""
 
-from trainer.precision import check_keras_backend
+from trainer.runtime.precision import check_keras_backend
 
 check_keras_backend()
 
-from trainer.trainer import Trainer  # noqa: E402
+from trainer.loop.actions import Action  # noqa: E402
+from trainer.step.trainer import Trainer  # noqa: E402
 
-__all__ = ["Trainer"]
+__all__ = ["Action", "Trainer"]

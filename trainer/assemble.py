@@ -14,22 +14,22 @@ import sys
 from absl import logging
 
 import tasks
-from trainer import actions as actions_lib
-from trainer import evaluator
-from trainer.batch_size_finder import find_batch_size
-from trainer.best import BestCheckpoint
-from trainer.controller import Controller
-from trainer.distribute import is_chief
-from trainer.export import Export, check_export, choose_checkpoint, export
-from trainer.lr_finder import find_lr
-from trainer.numerics import NumericsLog
-from trainer.precision import layers_of, set_policy, use_float32_layers
-from trainer.precision_check import precision_check
-from trainer.profiler import Profile, check_profile_steps
-from trainer.run_summary import mode_summary
-from trainer.samples import Samples
-from trainer.trainer import Trainer
-from trainer.workdir import ChiefFiles
+from trainer.loop import actions as actions_lib
+from trainer.loop.controller import Controller
+from trainer.loop.run_summary import mode_summary
+from trainer.modes import evaluator
+from trainer.modes.batch_size_finder import find_batch_size
+from trainer.modes.lr_finder import find_lr
+from trainer.modes.precision_check import precision_check
+from trainer.outputs.best import BestCheckpoint
+from trainer.outputs.export import Export, check_export, choose_checkpoint, export
+from trainer.outputs.numerics import NumericsLog
+from trainer.outputs.profiler import Profile, check_profile_steps
+from trainer.outputs.samples import Samples
+from trainer.runtime.distribute import is_chief
+from trainer.runtime.precision import layers_of, set_policy, use_float32_layers
+from trainer.state.workdir import ChiefFiles
+from trainer.step.trainer import Trainer
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval", "sample", "precision_check",
          "export", "find_lr", "find_batch_size")

@@ -12,9 +12,9 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from trainer.assemble import MODES, run
-from trainer.distribute import build_strategy, is_chief
-from trainer.signals import Preempted
-from trainer.workdir import EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, check_workdir, lock_holder
+from trainer.loop.signals import Preempted
+from trainer.runtime.distribute import build_strategy, is_chief
+from trainer.state.workdir import EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, check_workdir, lock_holder
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (a get_config() module).",

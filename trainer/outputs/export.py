@@ -19,16 +19,16 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.io import gfile
 
-from trainer.actions import Action
-from trainer import best as best_lib
-from trainer.checkpoints import (IncompatibleCheckpointError, check_fits, make_checkpoint,
-                                 read_error)
-from trainer.ema import evaluates_ema
-from trainer.keras_internals import sublayers
-from trainer.optimizers import build_optimizer, trained_variables
-from trainer.precision import check_float32_layers
-from trainer.state import optimizer_variables, saved_variables, variable_names
-from trainer.workdir import read_json
+from trainer.loop.actions import Action
+from trainer.outputs import best as best_lib
+from trainer.runtime.keras_internals import sublayers
+from trainer.runtime.precision import check_float32_layers
+from trainer.state.checkpoints import (IncompatibleCheckpointError, check_fits, make_checkpoint,
+                                       read_error)
+from trainer.state.layout import optimizer_variables, saved_variables, variable_names
+from trainer.state.workdir import read_json
+from trainer.step.ema import evaluates_ema
+from trainer.step.optimizers import build_optimizer, trained_variables
 
 COMPUTE_DTYPES = ("float32", "training")
 METADATA = os.path.join("assets.extra", "export.json")
@@ -142,7 +142,7 @@ def _load(config, task, checkpoint, compute_dtype, layer_policies):
     elif compute_dtype == "training":
         check_float32_layers(model, tuple(config.precision_overrides.float32_layers))
     step = tf.Variable(0, dtype=tf.int64)
-    # Read as the Trainer writes it (trainer/state.py); the optimizer holds the EMA.
+    # Read as the Trainer writes it (trainer/state/layout.py); the optimizer holds the EMA.
     names = variable_names(model)
     trained = trained_variables(names, config.optimizer)
     optimizer = build_optimizer(config.optimizer, int(config.trainer.train_steps), step,

@@ -5,6 +5,11 @@ import keras
 import tensorflow as tf
 
 
+def format_metrics(metrics):
+    """`name=value ...` for a log line."""
+    return " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+
+
 def as_float32(outputs):
     """Losses and metrics are computed in float32 whatever the compute dtype."""
     return tf.nest.map_structure(

@@ -16,9 +16,9 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer import goodput
-from trainer.accumulation import warn_if_the_stream_moves
-from trainer.workdir import is_local, read_json
+from trainer.loop import goodput
+from trainer.state.workdir import is_local, read_json
+from trainer.step.accumulation import warn_if_the_stream_moves
 
 
 def _version(package):
@@ -61,14 +61,14 @@ def run_summary(controller, stopped):
         # shares of the loop's wall time: input wait, compiled step, saves, eval, host
         "time_breakdown": goodput.breakdown(controller.seconds,
                                             controller.clock() - controller.loop_started),
-        # model FLOPs utilization over this run's train seconds (trainer/flops.py)
+        # model FLOPs utilization over this run's train seconds (trainer/step/flops.py)
         "mfu": (trainer.utilization.mfu(steps_this_run / max(seconds["train"], 1e-9))
                 if steps_this_run else None),
         "model_flops_per_step": trainer.utilization.flops_per_step,
         "train": controller.last_train,
         "eval": controller.last_eval,
         "precision": trainer.policy,
-        "jit_compile": trainer.jit_compile,  # as settled (trainer/jit_choice.py)
+        "jit_compile": trainer.jit_compile,  # as settled (trainer/loop/jit_choice.py)
         "skipped_steps": int(trainer.loss_scale.skipped_steps.numpy()),
         "strategy": type(trainer.strategy).__name__,
         "replicas": trainer.strategy.num_replicas_in_sync,

@@ -21,7 +21,7 @@ def _check(api):
             f"Keras {keras.__version__} is not a version the Trainer was tested with "
             f"({', '.join(TESTED_VERSIONS)}), and it relies on the private Keras API {api}. "
             f"Install keras=={TESTED_VERSIONS[-1]}.* (as pyproject.toml pins), or check "
-            f"{api} in this Keras and add its version to trainer/keras_internals.py.")
+            f"{api} in this Keras and add its version to trainer/runtime/keras_internals.py.")
 
 
 def sublayers(layer, recursive=True):

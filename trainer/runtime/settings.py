@@ -1,6 +1,8 @@
 """Reading `config.trainer`: the loop's intervals and the on / off / auto switches,
 checked once, with errors that name the fix."""
 
+import tensorflow as tf
+
 _ON_OFF_AUTO = {"on": True, "true": True, "off": False, "false": False, "auto": "auto"}
 
 
@@ -10,6 +12,14 @@ def on_off_auto(trainer_config, field):
     if str(value).lower() not in _ON_OFF_AUTO:
         raise ValueError(f"trainer.{field}={value!r} must be 'on', 'off' or 'auto'.")
     return _ON_OFF_AUTO[str(value).lower()]
+
+
+def jit_setting(trainer_config, strategy):
+    """True, False or "auto" from `trainer.jit_compile` (on / off / auto)."""
+    setting = on_off_auto(trainer_config, "jit_compile")
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return True  # a TPU runs compiled programs only
+    return setting
 
 
 def check_trainer_config(tc):

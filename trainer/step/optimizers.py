@@ -3,8 +3,8 @@
 import keras
 from absl import logging
 
-from trainer.ema import check_ema_decay
-from trainer.state import matching
+from trainer.state.layout import matching
+from trainer.step.ema import check_ema_decay
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 # What AdamW does not decay unless optimizer.weight_decay_exclude says otherwise: biases,
@@ -45,7 +45,7 @@ def build_learning_rate(config, train_steps, step=None):
 
 def trained_variables(names, config):
     """{name: variable} that the optimizer updates: the float trainable variables of
-    `names` ({name: variable}, trainer/state.py) but those `config.freeze` matches."""
+    `names` ({name: variable}, trainer/state/layout.py) but those `config.freeze` matches."""
     trainable = {n: v for n, v in names.items()
                  if v.trainable and keras.backend.is_float_dtype(v.dtype)}
     frozen = set(matching(trainable, config.get("freeze", ()),
@@ -82,7 +82,7 @@ def build_optimizer(config, train_steps, step=None, trained=None):
 
 def _keras_optimizer(config, lr):
     ema_decay = check_ema_decay(config.get("ema_decay", 0.0))
-    ema = dict(use_ema=True, ema_momentum=ema_decay) if ema_decay else {}  # see trainer/ema.py
+    ema = dict(use_ema=True, ema_momentum=ema_decay) if ema_decay else {}  # see trainer/step/ema.py
     if config.name == "adam":
         return keras.optimizers.Adam(lr, **ema)
     if config.name == "adamw":

@@ -16,8 +16,8 @@ import re
 import tensorflow as tf
 from absl import logging
 
-from trainer.actions import Action
-from trainer.workdir import read_json
+from trainer.loop.actions import Action
+from trainer.state.workdir import read_json
 
 RECORD = "best.json"
 

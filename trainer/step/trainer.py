@@ -3,8 +3,8 @@
 Everything of training that runs inside `tf.function` lives here, in the order
 it runs: `train_step` (forward and backward on each micro-batch, loss scaling,
 the one gradient all-reduce, skip or apply), the compiled loop of
-`steps_per_loop` steps. Evaluation is `trainer/evaluation.py`; the host loop
-around both (logging, checkpoints, evaluation, stopping) `trainer/controller.py`.
+`steps_per_loop` steps. Evaluation is `trainer/step/evaluation.py`; the host loop
+around both (logging, checkpoints, evaluation, stopping) `trainer/loop/controller.py`.
 """
 
 import contextlib
@@ -15,25 +15,23 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer.accumulation import accumulate, batch_micro_steps, check_accumulation_steps
-from trainer.checkpoints import Checkpoints, async_checkpoint
-from trainer.actions import format_metrics
-from trainer.distribute import is_chief
-from trainer.ema import EmaWeights, evaluates_ema
-from trainer.evaluation import Evaluation, as_float32
-from trainer.flops import Utilization
-from trainer.jit_choice import jit_setting
-from trainer.loss_scale import LossScale, all_finite
-from trainer.keras_internals import apply_gradients_as_given
-from trainer.optimizers import build_optimizer, trained_variables
-from trainer.numerics import Telemetry, check_numerics_every
-from trainer.settings import check_trainer_config
-from trainer.precision import (advise_shapes, check_float32_layers, layers_of, policy_name,
-                               use_float32_layers)
-from trainer.state import optimizer_variables, variable_names
-from trainer.step_variables import StepVariables
-from trainer.warm_start import warm_start
-from trainer.workdir import ChiefFiles
+from trainer.runtime.distribute import is_chief
+from trainer.runtime.keras_internals import apply_gradients_as_given
+from trainer.runtime.precision import (advise_shapes, check_float32_layers, layers_of, policy_name,
+                                       use_float32_layers)
+from trainer.runtime.settings import check_trainer_config, jit_setting
+from trainer.state.checkpoints import Checkpoints, async_checkpoint
+from trainer.state.layout import optimizer_variables, variable_names
+from trainer.state.workdir import ChiefFiles
+from trainer.step.accumulation import accumulate, batch_micro_steps, check_accumulation_steps
+from trainer.step.ema import EmaWeights, evaluates_ema
+from trainer.step.evaluation import Evaluation, as_float32, format_metrics
+from trainer.step.flops import Utilization
+from trainer.step.loss_scale import LossScale, all_finite
+from trainer.step.optimizers import build_optimizer, trained_variables
+from trainer.step.step_variables import StepVariables
+from trainer.step.telemetry import Telemetry, check_numerics_every
+from trainer.step.warm_start import warm_start
 
 
 def _step_variable(name):
@@ -151,7 +149,7 @@ class Trainer:
         """Forward and backward pass on one replica's micro-batch (XLA with jit_compile)."""
         capture = (self.telemetry.activations.capture() if self.telemetry
                    else contextlib.nullcontext())
-        self.example_spec = tf.nest.map_structure(  # for the model FLOPs (trainer/flops.py)
+        self.example_spec = tf.nest.map_structure(  # for the model FLOPs (trainer/step/flops.py)
             lambda t: tf.TensorSpec([1, *t.shape[1:]], t.dtype), features)
         with tf.GradientTape() as tape:
             with capture as layer_outputs:
@@ -346,7 +344,7 @@ class Trainer:
 
     def restore_or_warm_start(self):
         """Restores the newest checkpoint of the workdir; in a workdir without one, loads
-        `config.init` (fine-tuning, trainer/warm_start.py). Returns the restored path."""
+        `config.init` (fine-tuning, trainer/step/warm_start.py). Returns the restored path."""
         path = self.restore()
         if path is None and warm_start(self.config, self.variable_names, self.task.build_model,
                                        ChiefFiles(self.is_chief), self.workdir):

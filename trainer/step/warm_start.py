@@ -2,7 +2,7 @@
 
 Applied once, at step 0, when the workdir has no checkpoint: a resume always
 continues from its own checkpoint. Only model variables are loaded (the
-optimizer starts afresh). Names are those of trainer/state.py on both sides:
+optimizer starts afresh). Names are those of trainer/state/layout.py on both sides:
 `rename` maps the source's names onto this model's, `include` / `exclude`
 choose this model's variables to load, and with `strict` (the default) an
 included variable the source lacks, or holds in another shape, stops the run
@@ -19,9 +19,9 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.io import gfile
 
-from trainer.state import (LAYOUT_VERSION, checkpoint_reader, matching, saved_variables,
-                           variable_names)
-from trainer.step_variables import SEED_STATE_NAME
+from trainer.state.layout import (LAYOUT_VERSION, checkpoint_reader, matching, saved_variables,
+                                  variable_names)
+from trainer.step.step_variables import SEED_STATE_NAME
 
 RECORD = "init.json"
 

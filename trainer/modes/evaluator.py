@@ -13,7 +13,7 @@ import os
 import tensorflow as tf
 from absl import logging
 
-from trainer.workdir import read_json
+from trainer.state.workdir import read_json
 
 STATE = "continuous_eval.json"
 

@@ -21,9 +21,10 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer.numerics import FLOAT16_MAX, FLOAT16_TINY
-from trainer.precision import choose_policy, layers_of, set_policy
-from trainer.workdir import ChiefFiles
+from trainer.runtime.precision import choose_policy, layers_of, set_policy
+from trainer.state.workdir import ChiefFiles
+from trainer.step.telemetry import FLOAT16_MAX, FLOAT16_TINY
+from trainer.step.trainer import Trainer
 
 MIN_COSINE, MAX_UNDERFLOW, MAX_LOSS_GAP = 0.98, 0.01, 0.1
 
@@ -38,7 +39,6 @@ def precision_check(config, strategy, workdir, make_task):
     if mixed == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
         logging.warning("float16 is emulated and slow on this CPU: keep "
                         "--config.numerics.check_steps small.")
-    from trainer import Trainer  # imported here: trainer.trainer imports this package
     steps = config.numerics.check_steps
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"numerics.check_steps={steps!r} must be an integer >= 1.")

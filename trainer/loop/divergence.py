@@ -3,7 +3,7 @@ non-finite, or whose weights are, stops before anything is saved."""
 
 import tensorflow as tf
 
-from trainer.loss_scale import all_finite
+from trainer.step.loss_scale import all_finite
 
 
 def check_finite(trainer, step):

@@ -29,7 +29,7 @@ import time
 import tensorflow as tf
 from absl import logging
 
-from trainer.workdir import is_local
+from trainer.state.workdir import is_local
 
 LEDGER = "goodput.jsonl"
 BUCKETS = ("startup", "compile", "data_wait", "checkpoint_save", "checkpoint_restore",

@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from trainer.precision import layers_of
+from trainer.runtime.precision import layers_of
 
 LAYOUT_VERSION = 2   # 1: Keras' own object graph (tftrainer 0.1); 2: this layout
 SAVED_NODES = ("model", "optimizer")  # compared strictly before a restore

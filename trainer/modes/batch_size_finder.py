@@ -21,9 +21,9 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer.distribute import is_chief
-from trainer.trainer import Trainer
-from trainer.workdir import ChiefFiles
+from trainer.runtime.distribute import is_chief
+from trainer.state.workdir import ChiefFiles
+from trainer.step.trainer import Trainer
 
 
 def check_find_batch_size(f):

@@ -10,7 +10,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer.keras_internals import sublayers
+from trainer.runtime.keras_internals import sublayers
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 

@@ -15,9 +15,9 @@ import weakref
 import tensorflow as tf
 from absl import logging
 
-from trainer.settings import on_off_auto
-from trainer.state import (LAYOUT_VERSION, SAVED_NODES, checkpoint_reader, differences,
-                           layout_variable, node, saved_variables)
+from trainer.runtime.settings import on_off_auto
+from trainer.state.layout import (LAYOUT_VERSION, SAVED_NODES, checkpoint_reader, differences,
+                                  layout_variable, node, saved_variables)
 
 
 class IncompatibleCheckpointError(ValueError):
@@ -26,7 +26,7 @@ class IncompatibleCheckpointError(ValueError):
 
 def make_checkpoint(named, **others):
     """The `tf.train.Checkpoint` of `named` ({"model": {name: variable}, "optimizer":
-    {...}}, see trainer/state.py), the layout version and `others` (trackables)."""
+    {...}}, see trainer/state/layout.py), the layout version and `others` (trackables)."""
     return tf.train.Checkpoint(**{n: node(named[n]) for n in SAVED_NODES},
                                layout=layout_variable(), **others)
 

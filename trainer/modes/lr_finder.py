@@ -20,9 +20,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer.summaries import Summaries
-from trainer.trainer import Trainer
-from trainer.workdir import ChiefFiles
+from trainer.runtime.summaries import Summaries
+from trainer.state.workdir import ChiefFiles
+from trainer.step.trainer import Trainer
 
 SMOOTHING = 0.98  # the moving average's decay, as fastai and Lightning use
 CHUNK = 10  # steps per compiled call between divergence checks

@@ -16,17 +16,10 @@ import time
 import tensorflow as tf
 from absl import logging
 
-from trainer.settings import on_off_auto
-from trainer.workdir import read_json
+from trainer.state.workdir import read_json
 
 CHOICE_FILE = "jit_compile.json"
 TIMED_CALLS = 5
-def jit_setting(trainer_config, strategy):
-    """True, False or "auto" from `trainer.jit_compile` (on / off / auto)."""
-    setting = on_off_auto(trainer_config, "jit_compile")
-    if isinstance(strategy, tf.distribute.TPUStrategy):
-        return True  # a TPU runs compiled programs only
-    return setting
 
 
 def choose_jit(controller):

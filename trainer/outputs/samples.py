@@ -8,7 +8,7 @@ import math
 import tensorflow as tf
 
 from tasks.base import Task
-from trainer.actions import Action
+from trainer.loop.actions import Action
 
 MAX_IMAGES = 64
 

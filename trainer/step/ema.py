@@ -12,7 +12,7 @@ import contextlib
 
 import tensorflow as tf
 
-from trainer.keras_internals import EMA_AVERAGES, ema_averages
+from trainer.runtime.keras_internals import EMA_AVERAGES, ema_averages
 
 
 

@@ -16,18 +16,18 @@ import time
 import tensorflow as tf
 from absl import logging
 
-from trainer import actions as actions_lib
-from trainer.divergence import check_finite
-from trainer.goodput import Ledger, launch_start
-from trainer.jit_choice import choose_jit
-from trainer.run_summary import write_start, write_summary
-from trainer.signals import Preempted, StopOnSignal
-from trainer.summaries import Summaries
-from trainer.workdir import ChiefFiles
+from trainer.loop import actions as actions_lib
+from trainer.loop.divergence import check_finite
+from trainer.loop.goodput import Ledger, launch_start
+from trainer.loop.jit_choice import choose_jit
+from trainer.loop.run_summary import write_start, write_summary
+from trainer.loop.signals import Preempted, StopOnSignal
+from trainer.runtime.summaries import Summaries
+from trainer.state.workdir import ChiefFiles
 
 
 class Controller:
-    """Runs `trainer` to `trainer.train_steps`, calling `actions` (trainer/actions.py)
+    """Runs `trainer` to `trainer.train_steps`, calling `actions` (trainer/loop/actions.py)
     at their steps; it builds none of them (`trainer/assemble.py` does)."""
 
     def __init__(self, trainer, actions):

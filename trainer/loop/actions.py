@@ -22,9 +22,10 @@ import sys
 import keras
 from absl import logging
 
-from trainer.goodput import bottleneck, breakdown
-from trainer.optimizers import build_learning_rate
-from trainer.plugins import import_object
+from trainer.loop.goodput import bottleneck, breakdown
+from trainer.runtime.plugins import import_object
+from trainer.step.evaluation import format_metrics
+from trainer.step.optimizers import build_learning_rate
 
 
 class Action:
@@ -237,10 +238,6 @@ def from_config(actions_config):
 def every(step, interval):
     """True at multiples of `interval`; an interval of 0 never fires."""
     return interval > 0 and step % interval == 0
-
-
-def format_metrics(metrics):
-    return " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
 
 
 def format_duration(seconds):
