@@ -30,6 +30,8 @@ flags.DEFINE_integer("steps", 30, "Steps per timed run.")
 flags.DEFINE_integer("repeats", 5, "Timed runs per contender.")
 flags.DEFINE_list("fit_steps_per_execution", ["1", "10", "50"], "model.fit settings tried.")
 flags.DEFINE_list("steps_per_loop", ["1", "10", "100"], "Trainer settings for the sweep.")
+flags.DEFINE_bool("sweeps", True, "Also the steps_per_loop, input pipeline and step-option "
+                  "tables (--nosweeps: the precisions' table only).")
 flags.DEFINE_bool("tiny", False, "A tiny model and data: a smoke test of the harness.")
 flags.DEFINE_string("out", "bench_out", "Output directory.")
 
@@ -280,6 +282,22 @@ def plot(results, path):
     fig.savefig(path)
 
 
+def run_all_sweeps(config, strategy, precisions, workdir, results, text):
+    """The sweeps' tables, at the fastest precision measured (not float16 on a CPU)."""
+    sweep_precision = precisions[-1] if precisions[-1] != "mixed_float16" else precisions[0]
+    from trainer.runtime.precision import set_policy
+    set_policy(sweep_precision, strategy)
+    import tasks
+    sweep, pipeline, features = run_sweeps(config, strategy, tasks.get_task(config), workdir)
+    results["steps_per_loop"] = sweep
+    results["input_pipeline"] = pipeline
+    results["features"] = features
+    text.append(markdown(f"Trainer steps_per_loop ({sweep_precision})", sweep))
+    text.append(markdown(f"Input pipeline ({sweep_precision}): ratio to in-memory", pipeline))
+    text.append(markdown(f"Accumulation, per-step summaries, EMA ({sweep_precision}, the same "
+                         "micro-batch, every micro-batch counted): ratio to plain", features))
+
+
 def main(argv):
     del argv
     import tensorflow as tf
@@ -306,18 +324,8 @@ def main(argv):
                                          for p, r in trainer_rates.items()}
         text.append("Trainer speed-up over float32: " + ", ".join(
             f"{p} {s:.2f}x" for p, s in results["speedup_vs_float32"].items()) + "\n")
-    sweep_precision = precisions[-1] if precisions[-1] != "mixed_float16" else precisions[0]
-    from trainer.runtime.precision import set_policy
-    set_policy(sweep_precision, strategy)
-    import tasks
-    sweep, pipeline, features = run_sweeps(config, strategy, tasks.get_task(config), workdir)
-    results["steps_per_loop"] = sweep
-    results["input_pipeline"] = pipeline
-    results["features"] = features
-    text.append(markdown(f"Trainer steps_per_loop ({sweep_precision})", sweep))
-    text.append(markdown(f"Input pipeline ({sweep_precision}): ratio to in-memory", pipeline))
-    text.append(markdown(f"Accumulation, per-step summaries, EMA ({sweep_precision}, the same "
-                         "micro-batch, every micro-batch counted): ratio to plain", features))
+    if FLAGS.sweeps:
+        run_all_sweeps(config, strategy, precisions, workdir, results, text)
     report = f"## {results['task']} / {results['model']}, global batch {results['batch']}, " \
              f">= {FLAGS.steps} steps x {FLAGS.repeats} repeats\n\n" + "\n".join(text)
     print(report)

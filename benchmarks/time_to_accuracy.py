@@ -222,9 +222,9 @@ def fit_run(config, workdir):
     """The same task, model, optimizer, schedule and precision through `model.fit`."""
     import tensorflow as tf
     import tasks
-    from trainer.distribute import build_strategy
-    from trainer.optimizers import build_optimizer
-    from trainer.precision import set_policy
+    from trainer.runtime.distribute import build_strategy
+    from trainer.runtime.precision import set_policy
+    from trainer.step.optimizers import build_optimizer
     import keras
     os.makedirs(workdir, exist_ok=True)
     strategy = build_strategy(config.distribution)
