@@ -11,8 +11,6 @@ export action, export builds no Trainer.
 import os
 import sys
 
-from absl import logging
-
 import tasks
 from trainer.loop import actions as actions_lib
 from trainer.loop.controller import Controller
@@ -57,16 +55,19 @@ def _run(config, strategy, workdir, mode, summary):
     task = tasks.get_task(config)
     if mode == "export":
         run_export(config, task, strategy, workdir, summary)
-    elif mode == "find_lr":
+        return
+    if mode == "find_lr":
         find_lr(config, task, strategy, workdir)
-    elif mode == "continuous_eval":
-        run_continuous_eval(Trainer(config, task, strategy, workdir), summary)
+        return
+    trainer = Trainer(config, task, strategy, workdir)
+    if mode == "continuous_eval":
+        run_continuous_eval(trainer, summary)
     elif mode == "eval":
-        run_eval(Trainer(config, task, strategy, workdir), summary)
+        run_eval(trainer, summary)
     elif mode == "sample":
-        run_sample(Trainer(config, task, strategy, workdir))
+        run_sample(trainer)
     else:
-        train(Trainer(config, task, strategy, workdir), evaluate=mode == "train_and_eval")
+        train(trainer, evaluate=mode == "train_and_eval")
 
 
 def train(trainer, evaluate=True, actions=()):
@@ -182,5 +183,4 @@ def _restore_for(mode, trainer):
         raise FileNotFoundError(
             f"--mode={mode}: no checkpoint in {trainer.workdir}/checkpoints. Train "
             "first (--mode=train_and_eval) or point --workdir at a trained run.")
-    logging.info("--mode=%s: %s", mode, path)
     return path
