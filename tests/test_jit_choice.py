@@ -3,25 +3,26 @@
 import json
 
 import pytest
+import tensorflow as tf
 
+import zoo
 from conftest import build, tiny_config, two_replicas
+from trainer.loop import jit_choice as jit_choice_loop
 from trainer.runtime import settings as jit_choice
 
 
 def test_auto_times_both_keeps_the_faster_and_a_relaunch_reuses_it(tmp_path, caplog):
     caplog.set_level("INFO")
-    config = tiny_config(**{"trainer.jit_compile": "auto", "trainer.train_steps": 4,
-                            "model.name": "resnet", "model.width": 4,
-                            "model.blocks_per_stage": 1})
+    # (Dense layers: XLA compiles them under the op determinism other tests turn on,
+    # where it refuses MaxPool's gradient.)
+    config = zoo.zoo_config("dict_inputs", **{"trainer.jit_compile": "auto"})
     trainer = build(config, tmp_path, two_replicas())
     assert trainer.jit_compile == "auto"
     trainer.train(evaluate=False)
     stored = json.load(open(tmp_path / "jit_compile.json"))
     seconds = stored["seconds_per_call"]
-    assert seconds["no_xla"] > 0  # (xla: None where XLA cannot compile the pass, e.g.
-    # MaxPool's gradient under the op determinism another test turned on in this process)
-    assert stored["jit_compile"] == (seconds["xla"] is not None
-                                     and seconds["xla"] < seconds["no_xla"])
+    assert seconds["no_xla"] > 0 and seconds["xla"] > 0
+    assert stored["jit_compile"] == (seconds["xla"] < seconds["no_xla"])
     assert trainer.jit_compile is stored["jit_compile"]
     line = next(r.getMessage() for r in caplog.records
                 if "jit_compile=auto: the forward" in r.getMessage())
@@ -40,6 +41,32 @@ def test_auto_times_both_keeps_the_faster_and_a_relaunch_reuses_it(tmp_path, cap
     assert again.jit_compile is stored["jit_compile"]
     assert not any("jit_compile=auto" in r.getMessage() for r in caplog.records)
     assert any("as chosen for this workdir before" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("xla_seconds, chosen", [(0.5, True), (2.0, False), (None, False)])
+def test_auto_keeps_the_faster(tmp_path, monkeypatch, xla_seconds, chosen):
+    """The choice follows the timings both ways (None: XLA cannot compile the pass)."""
+    def timed(trainer, xla):
+        if xla and xla_seconds is None:
+            raise tf.errors.InvalidArgumentError(None, None, "no XLA kernel")
+        return xla_seconds if xla else 1.0
+    monkeypatch.setattr(jit_choice_loop, "_seconds_per_call", timed)
+    trainer = build(zoo.zoo_config("dict_inputs", **{"trainer.jit_compile": "auto",
+                                                     "trainer.train_steps": 2}), tmp_path)
+    trainer.train(evaluate=False)
+    assert trainer.jit_compile is chosen
+    assert json.load(open(tmp_path / "jit_compile.json"))["jit_compile"] is chosen
+
+
+def test_synchronized_batch_norm_turns_auto_off_and_refuses_on(tmp_path):
+    """Its all-reduce inside the forward pass cannot sit in a nested XLA function."""
+    auto = build(zoo.zoo_config("synchronized_bn", **{"trainer.jit_compile": "auto"}),
+                 tmp_path / "auto", two_replicas())
+    assert auto.jit_compile is False
+    with pytest.raises(ValueError, match=r"jit_compile=on, but batch_normalization "
+                                         r"all-reduce.*jit_compile=off"):
+        build(zoo.zoo_config("synchronized_bn", **{"trainer.jit_compile": "on"}),
+              tmp_path / "on", two_replicas())
 
 
 def _config(config, jit):

@@ -1,6 +1,12 @@
 """Models as users bring them (tests/zoo.py), on 2 replicas under mixed_bfloat16: each
 trains, resumes bitwise, exports and serves, and refuses a checkpoint of a variant."""
 
+import json
+import os
+import subprocess
+import sys
+
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -8,6 +14,8 @@ import tensorflow as tf
 import zoo  # noqa: F401  (registers the task)
 from conftest import build, two_replicas
 from trainer.outputs.export import export
+from trainer.runtime.precision import layers_of
+from trainer.state.model_build import build_model
 from trainer.state.checkpoints import IncompatibleCheckpointError
 
 
@@ -50,23 +58,45 @@ def test_a_model_trains_resumes_exports_and_refuses_its_variant(tmp_path, name, 
         assert any("norms" not in n and "moving_mean" in n
                    for n in whole.checkpoints.named["model"])
 
+    # Served in float32: the float32 outputs of the step-4 weights, to within float
+    # rounding (the step-2 weights' outputs differ far more: checked below).
     directory = export(config, whole.task, str(tmp_path / "whole"))
-    serve = tf.saved_model.load(directory).signatures["serving_default"]
-    features, _ = next(iter(whole.task.build_inputs("eval", tf.distribute.InputContext(), 0)))
-    inputs = features if isinstance(features, dict) else {"image": features}
-    served = serve(**inputs)
-    outputs = whole.model(features, training=False)
-    first = outputs[0] if isinstance(outputs, list) else outputs
-    key = "output_0" if isinstance(outputs, list) else "logits"
-    np.testing.assert_allclose(served[key].numpy(), tf.cast(first, tf.float32).numpy(),
-                               atol=0.1)  # served in float32, trained in bfloat16
+    served, float32_outputs = _served_and_float32(directory, whole)
+    trained = float32_outputs(whole.model.get_weights())
+    np.testing.assert_allclose(served, trained, atol=1e-5, rtol=1e-5)
+    assert whole.restore(str(tmp_path / "whole" / "checkpoints" / "ckpt-2"))
+    older = float32_outputs(whole.model.get_weights())
+    assert np.abs(older - trained).max() > 1e-3  # the tolerance above tells them apart
 
     variant = build(zoo.zoo_config(name, precision="mixed_bfloat16", **{"model.variant": 1}),
                     tmp_path / "whole", strategy)
+    before = state(variant)
     with pytest.raises(IncompatibleCheckpointError, match=r"does not fit this run"):
         variant.restore()
-    np.testing.assert_array_equal(  # nothing changed before the refusal
-        variant.step.numpy(), 0)
+    after = state(variant)  # nothing changed before the refusal
+    assert before.keys() == after.keys()
+    for key in before:
+        np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+
+
+def _served_and_float32(directory, trainer):
+    """The export's first output on one eval batch, and a function of weights to a
+    float32 model's first output on it."""
+    serve = tf.saved_model.load(directory).signatures["serving_default"]
+    features, _ = next(iter(trainer.task.build_inputs("eval", tf.distribute.InputContext(), 0)))
+    served = serve(**(features if isinstance(features, dict) else {"image": features}))
+    keras.mixed_precision.set_global_policy("float32")
+    try:
+        model = build_model(trainer.task)
+    finally:
+        keras.mixed_precision.set_global_policy(trainer.policy)
+
+    def float32_outputs(weights):
+        model.set_weights(weights)
+        outputs = model(features, training=False)
+        return (outputs[0] if isinstance(outputs, list) else outputs).numpy()
+
+    return served["output_0" if "output_0" in served else "logits"].numpy(), float32_outputs
 
 
 def test_nested_inputs_and_outputs_in_precision_check_and_telemetry(tmp_path):
@@ -86,4 +116,43 @@ def test_nested_inputs_and_outputs_in_precision_check_and_telemetry(tmp_path):
                                                      "trainer.train_steps": 2}),
                     tmp_path / "telemetry")
     trainer.train(evaluate=False)
-    assert (tmp_path / "telemetry" / "numerics.json").exists()
+    report = json.load(open(tmp_path / "telemetry" / "numerics.json"))
+    assert report["step"] == 2
+    called = {layer.path for layer in layers_of(trainer.model) if layer.variables}
+    assert called and called <= set(report["layers"]), "layers without statistics"
+    for layer in called:  # the dense layers' gradients and outputs were measured
+        stats = report["layers"][layer]
+        assert 0 <= stats["grad_zero_fraction"] < 1 and stats["activation_max_abs"] > 0, layer
+        assert stats["activation_nonfinite_fraction"] == 0, layer
+
+
+
+@pytest.mark.parametrize("name", ["unnamed_weights", "bidirectional"])
+def test_auto_named_weights_have_one_name_in_every_build(tmp_path, name):
+    """Unnamed add_weight (`variable_N`), a weight named like its layer, a wrapper's
+    copies (`forward_gru_1`): the end-of-training export, a warm start from the model's
+    own .weights.h5 and a relaunch in a fresh process all find every variable."""
+    run = tmp_path / "run"
+    trainer = build(zoo.zoo_config(name, **{"export.enabled": True}), run)
+    trainer.train(evaluate=False)
+    assert json.load(open(run / "summary.json"))["stopped"] is None
+    assert (run / "export" / "4" / "saved_model.pb").exists()
+
+    weights = str(tmp_path / "model.weights.h5")
+    trainer.model.save_weights(weights)
+    warm = build(zoo.zoo_config(name, **{"init.checkpoint": weights}), tmp_path / "warm")
+    warm.restore_or_warm_start()
+    record = json.load(open(tmp_path / "warm" / "init.json"))
+    assert record["left_at_init"] == [] and sorted(record["loaded"]) == sorted(
+        n for n in trainer.variable_names if not n.endswith("seed_generator_state"))
+    for a, b in zip(warm.model.weights, trainer.model.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+
+    relaunch = subprocess.run([sys.executable, "-c", (
+        "import sys; sys.path.insert(0, sys.argv[1]); import zoo; from conftest import build;"
+        "t = build(zoo.zoo_config(sys.argv[2], **{'trainer.train_steps': 6}), sys.argv[3]);"
+        "print('restored', t.restore(), sorted(t.variable_names))"),
+        os.path.dirname(__file__), name, str(run)], capture_output=True, text=True)
+    assert relaunch.returncode == 0, relaunch.stderr[-2000:]
+    assert f"restored {run / 'checkpoints' / 'ckpt-4'} {sorted(trainer.variable_names)}" \
+        in relaunch.stdout

@@ -48,6 +48,46 @@ class BlocksInLists(keras.Model):
         return self.head(x)
 
 
+class Linear(keras.layers.Layer):
+    """The Keras subclassing guide's layer: weights without names."""
+
+    def __init__(self, units):
+        super().__init__()
+        self.units = units
+
+    def build(self, input_shape):
+        self.w = self.add_weight(shape=(input_shape[-1], self.units),
+                                 initializer="random_normal", trainable=True)
+        self.b = self.add_weight(shape=(self.units,), initializer="zeros", trainable=True)
+
+    def call(self, inputs):
+        return keras.ops.matmul(inputs, self.w) + self.b
+
+
+class Scale(keras.layers.Layer):
+    """A layer whose one weight is named like the layer's auto-name (`scale/scale`)."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones",
+                                     name="scale")
+
+    def call(self, x):
+        return x * self.scale
+
+
+class Unbuilt(keras.Model):
+    """A subclassed model as tutorials write it: no variables until its first call."""
+
+    def __init__(self, variant):
+        super().__init__()
+        self.conv = keras.layers.Conv2D(8 + variant, 3, activation="relu")
+        self.pool = keras.layers.GlobalAveragePooling2D()
+        self.head = Linear(CLASSES)
+
+    def call(self, x, training=False):
+        return self.head(self.pool(self.conv(x)))
+
+
 def _image_input():
     return keras.Input((SIZE, SIZE, 3), name="image")
 
@@ -103,7 +143,42 @@ def _efficientnet(variant):
         classifier_activation=None, include_preprocessing=False)
 
 
-MODELS = {"aux_head": _aux_head, "counter": _counter, "dict_inputs": _dict_inputs,
+def _unnamed_weights(variant):
+    """The guide's Linear (unnamed weights) and Scale (a weight named like its layer)."""
+    image = _image_input()
+    h = Scale()(keras.layers.GlobalAveragePooling2D()(image))
+    h = keras.layers.Activation("relu")(Linear(16 if variant else 8)(h))
+    return keras.Model(image, Linear(CLASSES)(h))
+
+
+def _bidirectional(variant):
+    """A wrapper that copies its layer: Bidirectional names the copies after the GRU."""
+    image = _image_input()
+    rows = keras.layers.Reshape((SIZE, SIZE * 3))(image)
+    h = keras.layers.Bidirectional(keras.layers.GRU(12 if variant else 8))(rows)
+    return keras.Model(image, keras.layers.Dense(CLASSES)(h))
+
+
+def _lazy_sequential(variant):
+    """A Sequential without an Input: built by Keras on its first call."""
+    return keras.Sequential([keras.layers.Conv2D(8, 3, activation="relu"),
+                             keras.layers.GlobalAveragePooling2D(),
+                             keras.layers.Dense(CLASSES + variant)])
+
+
+def _synchronized_bn(variant):
+    """BatchNormalization with statistics over the global batch (all replicas)."""
+    image = _image_input()
+    h = keras.layers.Conv2D(8 + variant, 3)(image)
+    h = keras.layers.BatchNormalization(synchronized=True)(h)
+    h = keras.layers.GlobalAveragePooling2D()(keras.layers.Activation("relu")(h))
+    return keras.Model(image, keras.layers.Dense(CLASSES)(h))
+
+
+MODELS = {"unnamed_weights": _unnamed_weights, "bidirectional": _bidirectional,
+          "lazy_sequential": _lazy_sequential, "unbuilt_subclassed": Unbuilt,
+          "synchronized_bn": _synchronized_bn,
+          "aux_head": _aux_head, "counter": _counter, "dict_inputs": _dict_inputs,
           "frozen_backbone": _frozen_backbone, "lists": _lists, "mobilenet": _mobilenet,
           "efficientnet": _efficientnet}
 

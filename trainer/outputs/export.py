@@ -26,6 +26,7 @@ from trainer.runtime.precision import check_float32_layers
 from trainer.state.checkpoints import (IncompatibleCheckpointError, check_fits, make_checkpoint,
                                        read_error)
 from trainer.state.layout import optimizer_variables, saved_variables, variable_names
+from trainer.state.model_build import build_model
 from trainer.state.workdir import read_json
 from trainer.step.ema import evaluates_ema
 from trainer.step.optimizers import build_optimizer, trained_variables
@@ -133,7 +134,7 @@ def _load(config, task, checkpoint, compute_dtype, layer_policies):
     try:
         if compute_dtype == "float32":
             keras.mixed_precision.set_global_policy("float32")
-        model = task.build_model()
+        model = build_model(task)
     finally:
         keras.mixed_precision.set_global_policy(previous)
     if compute_dtype == "training" and layer_policies:

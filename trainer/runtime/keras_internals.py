@@ -1,10 +1,13 @@
 """The private Keras APIs the Trainer relies on, each behind one function.
 
-Keras has no public way to do these three things. Each function checks that
+Keras has no public way to do these four things. Each function checks that
 the installed Keras is a version it was written and tested for, and fails
 loudly, naming the private API, on any other: a Keras upgrade then stops a run
 at its start instead of changing its numbers silently.
 """
+
+import collections
+import contextlib
 
 import keras
 
@@ -12,6 +15,7 @@ TESTED_VERSIONS = ("3.15",)  # Keras major.minor; pyproject.toml pins the same
 FLATTEN_LAYERS = "_flatten_layers"
 EMA_AVERAGES = "_model_variables_moving_average"
 ALL_REDUCE_HOOK = "_all_reduce_sum_gradients"
+NAME_COUNTERS = "object_name_uids"  # keras.src.utils.naming's global attribute
 
 
 def _check(api):
@@ -58,3 +62,28 @@ def apply_gradients_as_given(optimizer):
             "pyproject.toml.")
     setattr(optimizer, api, lambda grads_and_vars: list(grads_and_vars))
     return optimizer
+
+
+@contextlib.contextmanager
+def fresh_name_counters():
+    """Inside, Keras numbers auto-names as in a fresh process: `dense`, `variable`,
+    `gru` (and a Bidirectional's `forward_gru`) rather than `dense_7`, `variable_12`.
+
+    Keras draws every auto-name (layers, unnamed `add_weight`s, seed generators,
+    copies made by wrappers) from process-wide counters, reset only by
+    `keras.backend.clear_session()`, which also resets the dtype policy. After
+    the block each counter is the larger of its values before and inside, so
+    later names do not repeat earlier ones.
+    """
+    from keras.src.backend.common import global_state
+    _check(f"keras.src.backend.common.global_state {NAME_COUNTERS}")
+    before = global_state.get_global_attribute(NAME_COUNTERS) or {}
+    fresh = collections.defaultdict(int)
+    global_state.set_global_attribute(NAME_COUNTERS, fresh)
+    try:
+        yield
+    finally:
+        merged = collections.defaultdict(int, before)
+        for name, count in fresh.items():
+            merged[name] = max(merged[name], count)
+        global_state.set_global_attribute(NAME_COUNTERS, merged)

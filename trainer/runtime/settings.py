@@ -2,6 +2,7 @@
 checked once, with errors that name the fix."""
 
 import tensorflow as tf
+from absl import logging
 
 _ON_OFF_AUTO = {"on": True, "true": True, "off": False, "false": False, "auto": "auto"}
 
@@ -14,12 +15,35 @@ def on_off_auto(trainer_config, field):
     return _ON_OFF_AUTO[str(value).lower()]
 
 
-def jit_setting(trainer_config, strategy):
-    """True, False or "auto" from `trainer.jit_compile` (on / off / auto)."""
+def jit_setting(trainer_config, strategy, synchronizing=()):
+    """True, False or "auto" from `trainer.jit_compile` (on / off / auto).
+
+    `synchronizing`: the paths of layers that all-reduce inside the forward pass
+    (synchronized BatchNormalization). Their all-reduce is a synchronization point,
+    which a nested XLA function cannot hold off a TPU: "auto" is then off, "on" an
+    error. A TPU compiles the whole replicated step, all-reduces included.
+    """
     setting = on_off_auto(trainer_config, "jit_compile")
     if isinstance(strategy, tf.distribute.TPUStrategy):
         return True  # a TPU runs compiled programs only
+    if synchronizing and setting is True:
+        raise ValueError(
+            f"trainer.jit_compile=on, but {', '.join(synchronizing[:3])} all-reduce(s) "
+            "batch statistics across replicas inside the forward pass, which an XLA-compiled "
+            "pass cannot hold on CPUs and GPUs. Set --config.trainer.jit_compile=off (or "
+            "auto), or use BatchNormalization(synchronized=False).")
+    if synchronizing and setting == "auto":
+        logging.info("jit_compile=auto is off: %s synchronize across replicas inside the "
+                     "forward pass, which XLA cannot compile here.",
+                     ", ".join(synchronizing[:3]))
+        return False
     return setting
+
+
+def synchronizing_layers(layers):
+    """The paths of `layers` that all-reduce in their forward pass (Keras'
+    BatchNormalization(synchronized=True))."""
+    return [layer.path for layer in layers if getattr(layer, "synchronized", False) is True]
 
 
 def check_trainer_config(tc):

@@ -7,11 +7,11 @@ however its layer is held) under its name, and an `optimizer` node holding each
 slot under `<variable name>/<slot>` (e.g. `dense/kernel/momentum`) and the
 optimizer's own variables (`iteration`) under theirs.
 
-A variable's name is its Keras `variable.path` with auto-numbered layer names
+A variable's name is its Keras `variable.path` (the model is built with fresh
+name counters, trainer/state/model_build.py) with auto-numbered layer names
 counted within the model: `dense_7/kernel` becomes `dense/kernel` if it is the
-first Dense of the model, whatever the process built before (a second build of
-the model in the same process, a relaunch). Names are what `init.include`,
-`optimizer.freeze` and `weight_decay_exclude` match and what errors report.
+first Dense of the model. Names are what `init.include`, `optimizer.freeze` and
+`weight_decay_exclude` match and what errors report.
 """
 
 import collections

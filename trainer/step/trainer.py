@@ -19,9 +19,10 @@ from trainer.runtime.distribute import is_chief
 from trainer.runtime.keras_internals import apply_gradients_as_given
 from trainer.runtime.precision import (advise_shapes, check_float32_layers, layers_of, policy_name,
                                        use_float32_layers)
-from trainer.runtime.settings import check_trainer_config, jit_setting
+from trainer.runtime.settings import check_trainer_config, jit_setting, synchronizing_layers
 from trainer.state.checkpoints import Checkpoints, async_checkpoint
 from trainer.state.layout import optimizer_variables, variable_names
+from trainer.state.model_build import build_model
 from trainer.state.workdir import ChiefFiles
 from trainer.step.accumulation import accumulate, batch_micro_steps, check_accumulation_steps
 from trainer.step.ema import EmaWeights, evaluates_ema
@@ -93,7 +94,7 @@ class Trainer:
         self.policy = policy_name()
 
         with strategy.scope():
-            self.model = task.build_model()
+            self.model = build_model(task)  # the same names in every build, built
             self.variable_names = variable_names(self.model)  # {name: variable}, all of them
             # What the optimizer updates: trainable float variables, less optimizer.freeze.
             trained = trained_variables(self.variable_names, config.optimizer)
@@ -136,7 +137,7 @@ class Trainer:
             dict(loss_scale=self.loss_scale, step=self.step),
             os.path.join(workdir, "checkpoints"), self.step, config.trainer.max_to_keep,
             self.is_chief, async_save=async_checkpoint(config.trainer, strategy))
-        jit = jit_setting(config.trainer, strategy)
+        jit = jit_setting(config.trainer, strategy, synchronizing_layers(layers_of(self.model)))
         self.use_jit(jit is True)
         self.jit_compile = jit  # "auto": the Controller settles it before training
         self._eval_dataset = None  # built on the first evaluation, reused after
@@ -310,9 +311,12 @@ class Trainer:
 
     def use_jit(self, xla):
         """Compiles the forward and backward pass with XLA or not (before a trace of the
-        train loop, or the loop is traced again)."""
+        train loop, or the loop is traced again). Without XLA the pass is traced into
+        the step itself: a layer that all-reduces in its forward pass (synchronized
+        BatchNormalization) cannot do so inside a nested tf.function."""
         self.jit_compile = xla
-        self._compute_gradients = tf.function(self._forward_backward, jit_compile=xla)
+        self._compute_gradients = (tf.function(self._forward_backward, jit_compile=True)
+                                   if xla else self._forward_backward)
         self.train_loop = tf.function(self._train_loop_fn)
 
     def train(self, evaluate=True, actions=()):
@@ -346,7 +350,7 @@ class Trainer:
         """Restores the newest checkpoint of the workdir; in a workdir without one, loads
         `config.init` (fine-tuning, trainer/step/warm_start.py). Returns the restored path."""
         path = self.restore()
-        if path is None and warm_start(self.config, self.variable_names, self.task.build_model,
+        if path is None and warm_start(self.config, self.variable_names, lambda: build_model(self.task),
                                        ChiefFiles(self.is_chief), self.workdir):
             if self.ema:
                 self.ema.start_from_weights()
