@@ -8,10 +8,11 @@ import pytest
 import tensorflow as tf
 
 import tasks
-from conftest import scalars, tiny_config
+from conftest import build, scalars, tiny_config
 from trainer import cli
 from trainer.modes.batch_size_finder import find_batch_size
 from trainer.modes.lr_finder import suggest
+from trainer.runtime.precision import layers_of, set_policy
 
 
 def test_find_lr_sweeps_until_the_loss_diverges_and_suggests_a_rate(tmp_path, capsys):
@@ -109,3 +110,87 @@ def test_find_batch_size_memory_budget_and_the_data_set_bound_it(tmp_path):
     report = find_batch_size(config, tf.distribute.get_strategy(), str(tmp_path / "b"),
                              tasks.get_task)
     assert report["largest"] == 96 and "training examples" in report["trials"][1]["reason"]
+
+
+@pytest.mark.parametrize("mode", ["find_lr", "find_batch_size"])
+def test_the_finders_run_on_a_config_with_warmup(tmp_path, mode, capsys):
+    """As configs/cifar_gpu.py, lm.py and vit_cifar.py ship: warmup_steps beyond the
+    finder's own steps."""
+    config = tiny_config(**{"optimizer.name": "sgd", "optimizer.schedule": "cosine",
+                            "optimizer.warmup_steps": 200, "find_lr.steps": 10,
+                            "find_batch_size.steps_per_trial": 1,
+                            "find_batch_size.max_trials": 2})
+    cli.execute(config, str(tmp_path), mode)
+    report = json.load(open(tmp_path / f"{mode}.json"))
+    if mode == "find_lr":
+        assert len(report["losses"]) == 10
+    else:  # every trial ran: no "None did not"
+        assert [t["runs"] for t in report["trials"]] == [True, True]
+        out = capsys.readouterr().out
+        assert "is 64 (no failure within find_batch_size.max_trials=2" in out
+        assert "None" not in out
+
+
+class _PolicySpy:
+    """Builds the task and records each build's global policy and layer compute dtypes."""
+
+    def __init__(self):
+        self.builds = []
+
+    def __call__(self, config):
+        task = tasks.get_task(config)
+        build_model = task.build_model
+
+        def build():
+            model = build_model()
+            self.builds.append({layer.path: layer.compute_dtype for layer in layers_of(model)
+                                if layer.variables})
+            return model
+
+        task.build_model = build
+        return task
+
+
+def test_every_batch_size_trial_runs_in_the_runs_policy_and_overrides(tmp_path):
+    config = tiny_config(precision="mixed_bfloat16", **{
+        "precision_overrides.float32_layers": ["seed_cnn/dense_1"],
+        "find_batch_size.steps_per_trial": 1, "find_batch_size.max_trials": 3})
+    set_policy(config.precision, tf.distribute.get_strategy())
+    spy = _PolicySpy()
+    report = find_batch_size(config, tf.distribute.get_strategy(), str(tmp_path), spy)
+    assert len(spy.builds) == 3
+    for layers in spy.builds:
+        assert layers.pop("seed_cnn/dense_1") == "float32"
+        assert set(layers.values()) == {"bfloat16"}
+    assert report["precision"] == "mixed_bfloat16"
+
+
+def test_find_batch_size_on_a_cpu_keeps_within_half_the_available_memory(tmp_path,
+                                                                         monkeypatch):
+    from trainer.modes import batch_size_finder
+    config = tiny_config(**{"find_batch_size.steps_per_trial": 1,
+                            "find_batch_size.max_trials": 1})
+    report = find_batch_size(config, tf.distribute.get_strategy(), str(tmp_path / "a"),
+                             tasks.get_task)
+    available = batch_size_finder._available_bytes()
+    assert report["memory_budget_gb"] == pytest.approx(available / 2 / 2**30, rel=0.1)
+    assert "half of the" in report["memory_budget"]
+    # a machine with 64 KB available: the first trial's peak passes the budget
+    monkeypatch.setattr(batch_size_finder, "_available_bytes", lambda: 2**16)
+    with pytest.raises(RuntimeError, match=r"peak memory .* > find_batch_size."
+                                           r"memory_budget_gb=3.05e-05"):
+        find_batch_size(config, tf.distribute.get_strategy(), str(tmp_path / "b"),
+                        tasks.get_task)
+
+
+def test_find_lr_sweeps_the_model_training_would_start_from(tmp_path):
+    trained = tiny_config(**{"trainer.train_steps": 4, "trainer.eval_every": 0,
+                             "trainer.checkpoint_every": 4})
+    build(trained, tmp_path / "source").train(evaluate=False)
+    config = tiny_config(**{"find_lr.steps": 10, "init.checkpoint": str(tmp_path / "source")})
+    cli.execute(config, str(tmp_path / "lr"), "find_lr")
+    record = json.load(open(tmp_path / "lr" / "init.json"))
+    assert record["loaded"] and not record["left_at_init"]
+    config.init.checkpoint = str(tmp_path / "missing.weights.h5")
+    with pytest.raises(Exception, match="missing.weights.h5"):
+        cli.execute(config, str(tmp_path / "lr2"), "find_lr")

@@ -6,10 +6,12 @@ did not, over multiples of `multiple_of` and of the replicas. A trial builds
 the Trainer at that batch and runs `steps_per_trial` compiled steps. It fails
 on `tf.errors.ResourceExhaustedError` (out of memory on a GPU or TPU), when the
 peak of TensorFlow's allocator on any replica's device passes
-`memory_budget_gb` (> 0; on a CPU an allocation fails only when the whole
-machine runs out), or when the data set is smaller than the batch. At most
-`max_trials` trials. Writes `workdir/find_batch_size.json` and prints the
-override; no checkpoint is read or written.
+`memory_budget_gb`, or when the data set is smaller than the batch. On a CPU an
+allocation fails only when the whole machine runs out (the kernel then kills the
+process, and others with it), so there a budget of 0 means half the memory
+available at start. At most `max_trials` trials, each in the run's precision
+policy and float32 overrides. Writes `workdir/find_batch_size.json` and prints
+the override; no checkpoint is read or written.
 """
 
 import copy
@@ -44,9 +46,13 @@ def find_batch_size(config, strategy, workdir, make_task):
     check_find_batch_size(f)
     step = math.lcm(f.multiple_of, strategy.num_replicas_in_sync)
     batch = max(round((f.start or config.data.global_batch_size) / step), 1) * step
+    budget_gb, budget_source = memory_budget(f.memory_budget_gb, strategy)
+    logging.info("find_batch_size: memory budget %s.", budget_source)
+    policy = keras.mixed_precision.global_policy().name  # clear_session resets it
     trials, good, bad = [], None, None
     while len(trials) < f.max_trials:
-        trial = _trial(config, strategy, workdir, make_task, batch, f)
+        keras.mixed_precision.set_global_policy(policy)
+        trial = _trial(config, strategy, workdir, make_task, batch, budget_gb)
         trials.append(trial)
         logging.info("find_batch_size: batch %d %s", batch,
                      "runs" if trial["runs"] else f"fails: {trial['reason']}")
@@ -64,28 +70,61 @@ def find_batch_size(config, strategy, workdir, make_task):
             break
         else:
             batch = (good + bad) // 2 // step * step
-    report = {"largest": good, "first_failing": bad, "multiple_of": step, "trials": trials}
+    keras.mixed_precision.set_global_policy(policy)
+    report = {"largest": good, "first_failing": bad, "multiple_of": step,
+              "memory_budget_gb": budget_gb, "memory_budget": budget_source,
+              "precision": policy, "trials": trials}
     ChiefFiles(is_chief(strategy)).write_json(
         os.path.join(workdir, "find_batch_size.json"), report)
     if good is None:
         raise RuntimeError(f"find_batch_size: no batch down to {step} runs "
                            f"({trials[-1]['reason']}); lower find_batch_size.multiple_of or "
                            "raise memory_budget_gb.")
-    searched = "" if bad is not None else (
-        f" (no failure within find_batch_size.max_trials={f.max_trials}: larger ones may "
-        "run)")
-    print(f"find_batch_size: the largest batch that runs is {good}{searched}; {bad} did "
-          f"not. Use:\n  --config.data.global_batch_size={good}\n(a larger batch may want "
-          "another learning rate: --mode=find_lr with it tells.)")
+    bound = (f"{bad} did not" if bad is not None else
+             f"no failure within find_batch_size.max_trials={f.max_trials}: larger ones may run")
+    print(f"find_batch_size: the largest batch that runs is {good} ({bound}; memory "
+          f"budget {budget_source}). Use:\n  --config.data.global_batch_size={good}\n(a larger "
+          "batch may want another learning rate: --mode=find_lr with it tells.)")
     return report
 
 
-def _trial(config, strategy, workdir, make_task, batch, f):
+def memory_budget(configured_gb, strategy):
+    """(The budget in GB, or 0 for none; where it comes from): the configured one, else
+    on a CPU half the memory available now."""
+    if configured_gb:
+        return configured_gb, f"{configured_gb:g} GB (find_batch_size.memory_budget_gb)"
+    if tf.config.list_physical_devices("GPU") or isinstance(strategy,
+                                                            tf.distribute.TPUStrategy):
+        return 0.0, "none (the device's own memory bounds it)"
+    available = _available_bytes()
+    if available is None:
+        raise ValueError("find_batch_size on a CPU needs a memory budget, and the memory "
+                         "available here is unknown: set --config.find_batch_size."
+                         "memory_budget_gb.")
+    budget = available / 2 / 2**30
+    return budget, (f"{budget:.3g} GB, half of the {available / 2**30:.3g} GB available at start "
+                    "(a CPU has no out-of-memory error; set find_batch_size.memory_budget_gb "
+                    "to change it)")
+
+
+def _available_bytes():
+    """The memory the kernel could give this process now (Linux MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def _trial(config, strategy, workdir, make_task, batch, budget_gb):
     """Builds the Trainer at `batch` and runs `steps_per_trial` steps: {"batch", "runs",
     "peak_bytes", "reason"}."""
+    f = config.find_batch_size
     c = copy.deepcopy(config)
     c.data.global_batch_size = batch
     c.trainer.update(per_step_summaries=False, train_steps=f.steps_per_trial)
+    c.optimizer.update(schedule="constant", warmup_steps=0)  # no schedule in 2 steps
     devices = _replica_devices(strategy)
     result = {"batch": batch, "runs": False, "peak_bytes": None, "reason": None}
     trainer = None
@@ -99,10 +138,9 @@ def _trial(config, strategy, workdir, make_task, batch, f):
         trainer.step.numpy()  # waits for the steps
         peak = max(tf.config.experimental.get_memory_info(d)["peak"] for d in devices)
         result["peak_bytes"] = peak
-        budget = f.memory_budget_gb * 2**30
-        if budget and peak > budget:
+        if budget_gb and peak > budget_gb * 2**30:
             result["reason"] = (f"peak memory {peak / 2**30:.3g} GB > find_batch_size."
-                                f"memory_budget_gb={f.memory_budget_gb}")
+                                f"memory_budget_gb={budget_gb:.3g}")
         else:
             result["runs"] = True
     except tf.errors.ResourceExhaustedError as e:

@@ -1,6 +1,7 @@
 """--mode=find_lr: the learning-rate range test (Smith, "Cyclical Learning Rates", 2015).
 
-From the config's initial weights, up to `find_lr.steps` train steps with the
+From the weights training would start from (the model's initializers, or
+`config.init` for fine-tuning, with `optimizer.freeze`), up to `find_lr.steps` train steps with the
 learning rate growing exponentially from `find_lr.min_lr` to `find_lr.max_lr`
 (the config's optimizer, batch, precision and clipping otherwise). The loss of
 each step is smoothed by an exponential moving average; the sweep stops once
@@ -45,7 +46,9 @@ def find_lr(config, task, strategy, workdir):
     check_find_lr(f)
     config = copy.deepcopy(config)
     config.trainer.update(per_step_summaries=True, train_steps=f.steps)
+    config.optimizer.update(schedule="constant", warmup_steps=0)  # the sweep is the rate
     trainer = Trainer(config, task, strategy, workdir)
+    trainer.warm_start()  # config.init: the weights training would start from
     growth = (f.max_lr / f.min_lr) ** (1.0 / (f.steps - 1))  # per step
     trainer.optimizer.learning_rate = lambda: f.min_lr * growth ** tf.cast(
         trainer.step, tf.float32)

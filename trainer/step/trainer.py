@@ -348,13 +348,20 @@ class Trainer:
 
     def restore_or_warm_start(self):
         """Restores the newest checkpoint of the workdir; in a workdir without one, loads
-        `config.init` (fine-tuning, trainer/step/warm_start.py). Returns the restored path."""
+        `config.init` (`warm_start`). Returns the restored path."""
         path = self.restore()
-        if path is None and warm_start(self.config, self.variable_names, lambda: build_model(self.task),
-                                       ChiefFiles(self.is_chief), self.workdir):
-            if self.ema:
-                self.ema.start_from_weights()
+        if path is None:
+            self.warm_start()
         return path
+
+    def warm_start(self):
+        """Loads `config.init` into the model (fine-tuning, trainer/step/warm_start.py);
+        returns what was loaded, or None without `init.checkpoint`."""
+        record = warm_start(self.config, self.variable_names, lambda: build_model(self.task),
+                            ChiefFiles(self.is_chief), self.workdir)
+        if record and self.ema:
+            self.ema.start_from_weights()
+        return record
 
     @property
     def eval_metrics(self):
