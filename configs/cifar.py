@@ -133,6 +133,9 @@ def init_config():
     rename: ((regex, replacement), ...) applied in turn (re.sub) to the source's names.
     strict: an included variable the source lacks, or holds in another shape, is an
     error (False: it keeps its initial value, and the table says so).
+    use_ema: a source run that keeps an EMA of its weights (optimizer.ema_decay) gives
+    its averages, the weights it evaluated, kept as best and exported (False: its raw
+    weights). The init table and init.json say which.
     """
     return ml_collections.ConfigDict(dict(checkpoint="", include=(".*",), exclude=(),
-                                          rename=(), strict=True))
+                                          rename=(), strict=True, use_ema=True))

@@ -223,3 +223,42 @@ def test_a_raw_tf_variable_in_a_layer_is_refused_at_build(tmp_path):
     with pytest.raises(ValueError, match=r"1 tf.Variable\(s\) that Keras does not list.*"
                                          r"calls.*self.add_weight"):
         Trainer(config, Task(config), tf.distribute.get_strategy(), str(tmp_path))
+
+
+def test_init_from_a_workdir_whose_newest_checkpoint_is_damaged_falls_back(tmp_path, caplog):
+    source = zoo_run("dict_inputs", tmp_path, "source", **{"trainer.train_steps": 4})
+    source.train(evaluate=False)  # ckpt-2 and ckpt-4
+    expected = {n: v.numpy() for n, v in source.variable_names.items()}
+    source.restore(str(tmp_path / "source" / "checkpoints" / "ckpt-2"))
+    at_2 = {n: v.numpy() for n, v in source.variable_names.items()}
+    data = next((tmp_path / "source" / "checkpoints").glob("ckpt-4.data-*"))
+    data.write_bytes(data.read_bytes()[:100])  # truncated
+    caplog.set_level("WARNING")
+    tuned = zoo_run("dict_inputs", tmp_path, "tuned",
+                    **{"init.checkpoint": str(tmp_path / "source")})
+    tuned.restore_or_warm_start()
+    assert any("ckpt-4 is unreadable" in r.getMessage() and "previous" in r.getMessage()
+               for r in caplog.records)
+    for name, v in tuned.variable_names.items():
+        if not name.endswith("seed_generator_state"):
+            np.testing.assert_array_equal(v.numpy(), at_2[name], err_msg=name)
+    assert any((at_2[n] != expected[n]).any() for n in at_2)  # ckpt-2 is not ckpt-4
+
+
+@pytest.mark.parametrize("use_ema", [True, False])
+def test_init_from_a_run_with_an_ema_loads_what_it_evaluated(tmp_path, use_ema):
+    """By default the EMA weights (what the source evaluated, kept as best, exported)."""
+    source = zoo_run("dict_inputs", tmp_path, "source", **{"optimizer.ema_decay": 0.5})
+    source.train(evaluate=False)
+    raw = {n: v.numpy() for n, v in source.variable_names.items()}
+    with source.eval_weights():
+        evaluated = {n: v.numpy() for n, v in source.variable_names.items()}
+    tuned = zoo_run("dict_inputs", tmp_path, "tuned", **{
+        "init.checkpoint": str(tmp_path / "source"), "init.use_ema": use_ema})
+    tuned.restore_or_warm_start()
+    expected = evaluated if use_ema else raw
+    for name, v in tuned.variable_names.items():
+        np.testing.assert_array_equal(v.numpy(), expected[name], err_msg=name)
+    assert any((raw[n] != evaluated[n]).any() for n in raw)  # the choice matters here
+    record = json.load(open(tmp_path / "tuned" / "init.json"))
+    assert record["weights"].startswith("the EMA" if use_ema else "raw weights")

@@ -2,7 +2,10 @@
 
 Applied once, at step 0, when the workdir has no checkpoint: a resume always
 continues from its own checkpoint. Only model variables are loaded (the
-optimizer starts afresh). Names are those of trainer/state/layout.py on both sides:
+optimizer starts afresh). From a workdir, its newest readable checkpoint (a
+damaged one falls back to the one before, as a restore does); from a run that
+keeps an EMA of its weights, the averages (`init.use_ema`), since those are
+what it evaluated, kept as best and exported. Names are those of trainer/state/layout.py on both sides:
 `rename` maps the source's names onto this model's, `include` / `exclude`
 choose this model's variables to load, and with `strict` (the default) an
 included variable the source lacks, or holds in another shape, stops the run
@@ -19,30 +22,52 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.io import gfile
 
+from trainer.state.checkpoints import read_error
 from trainer.state.layout import (LAYOUT_VERSION, checkpoint_reader, matching, saved_variables,
                                   variable_names)
 from trainer.step.step_variables import SEED_STATE_NAME
 
 RECORD = "init.json"
+EMA_SLOT = "/average"  # Keras' EMA of a weight, as the checkpoint layout names its slot
 
 
-def source_values(path, build_model):
-    """{name: numpy value} of the model variables in `path`: a workdir, one of our
-    checkpoints, a `.keras` file, or a `.weights.h5` file read into `build_model()`."""
+def source_values(path, build_model, use_ema=True):
+    """({name: numpy value} of the model variables in `path`, which weights they are):
+    `path` is a workdir (its newest readable checkpoint), one of our checkpoints, a
+    `.keras` file, or a `.weights.h5` file read into `build_model()`. With `use_ema`, a
+    checkpoint that keeps an EMA of the weights gives its averages."""
     if path.endswith(".weights.h5"):
         model = build_model()
         model.load_weights(path)
-        return _values(model)
+        return _values(model), "the file's weights"
     if path.endswith(".keras"):
-        return _values(keras.saving.load_model(path, compile=False))
-    if gfile.isdir(path):  # a workdir, or its checkpoints/
-        directory = os.path.join(path, "checkpoints")
-        latest = tf.train.latest_checkpoint(directory if gfile.isdir(directory) else path)
-        if not latest:
-            raise FileNotFoundError(f"init.checkpoint={path}: no checkpoint in it. Name a "
-                                    "workdir, a checkpoint (.../ckpt-N), a .weights.h5 or a "
-                                    ".keras file.")
-        path = latest
+        return _values(keras.saving.load_model(path, compile=False)), "the file's weights"
+    if not gfile.isdir(path):  # one checkpoint, named
+        return _checkpoint_values(path, build_model, use_ema)
+    directory = os.path.join(path, "checkpoints")  # a workdir, or its checkpoints/
+    directory = directory if gfile.isdir(directory) else path
+    state = tf.train.get_checkpoint_state(directory)
+    paths = list(state.all_model_checkpoint_paths) if state else []
+    if not paths:
+        raise FileNotFoundError(f"init.checkpoint={path}: no checkpoint in it. Name a "
+                                "workdir, a checkpoint (.../ckpt-N), a .weights.h5 or a "
+                                ".keras file.")
+    for remaining, candidate in reversed(list(enumerate(paths))):
+        try:
+            return _checkpoint_values(candidate, build_model, use_ema)
+        except Exception as e:  # noqa: BLE001  (damaged files: the one before, as restore)
+            damage = read_error(candidate)
+            if damage is None:
+                raise
+            logging.warning("init.checkpoint: %s is unreadable (%s)%s", candidate, damage,
+                            " Trying the previous one." if remaining else "")
+            error = e
+    raise ValueError(f"init.checkpoint={path}: no readable checkpoint in {directory} (tried "
+                     f"{', '.join(paths)}).") from error
+
+
+def _checkpoint_values(path, build_model, use_ema):
+    """Values and kind of one checkpoint: see `source_values`."""
     try:
         nodes, version = saved_variables(path)
     except Exception as e:  # noqa: BLE001  (NotFoundError, DataLossError, ...)
@@ -50,9 +75,18 @@ def source_values(path, build_model):
                          f"{str(e).strip().splitlines()[0][:200]}). Name a workdir, a "
                          "checkpoint (.../ckpt-N), a .weights.h5 or a .keras file.") from e
     if version != LAYOUT_VERSION:
-        return _legacy_values(path, build_model)
+        return _legacy_values(path, build_model), "raw weights (a tftrainer 0.1 checkpoint)"
     reader = checkpoint_reader(path)
-    return {name: reader.get_tensor(key) for name, (key, _, _) in nodes["model"].items()}
+    values = {name: reader.get_tensor(key) for name, (key, _, _) in nodes["model"].items()}
+    averages = {name[:-len(EMA_SLOT)]: key for name, (key, _, _) in nodes["optimizer"].items()
+                if name.endswith(EMA_SLOT)}
+    if not averages:
+        return values, "raw weights (the source keeps no EMA)"
+    if not use_ema:
+        return values, "raw weights (init.use_ema=False; the source's EMA not used)"
+    values.update({name: reader.get_tensor(key) for name, key in averages.items()})
+    return values, ("the EMA of the weights (what the source evaluated, kept as best and "
+                    "exported; init.use_ema=False for its raw weights)")
 
 
 def _values(model):
@@ -85,7 +119,8 @@ def warm_start(config, variables, build_model, files, workdir):
     include = matching(variables, init.include, "init.include")
     excluded = set(matching(variables, init.exclude, "init.exclude"))
     values = {}
-    for name, value in _weights(source_values(init.checkpoint, build_model)).items():
+    source, kind = source_values(init.checkpoint, build_model, init.get("use_ema", True))
+    for name, value in _weights(source).items():
         for pattern, replacement in init.rename:
             name = re.sub(pattern, replacement, name)
         values[name] = value
@@ -111,14 +146,14 @@ def warm_start(config, variables, build_model, files, workdir):
     for name in loaded:
         variable = variables[name]
         variable.assign(np.asarray(values[name]).astype(variable.dtype))
-    record = {"checkpoint": init.checkpoint, "loaded": loaded,
+    record = {"checkpoint": init.checkpoint, "weights": kind, "loaded": loaded,
               "skipped": sorted(set(values) - set(loaded)),
               "left_at_init": [n for n in variables if n not in loaded]}
     lines = [f"  {what:13s} {len(record[key]):5d}  {', '.join(record[key][:4])}"
              + (" ..." if len(record[key]) > 4 else "")
              for what, key in (("loaded", "loaded"), ("skipped", "skipped"),
                                ("left at init", "left_at_init"))]
-    logging.info("Warm start from %s (variables; skipped: in the source, not loaded):\n%s",
-                 init.checkpoint, "\n".join(lines))
+    logging.info("Warm start from %s, %s (variables; skipped: in the source, not "
+                 "loaded):\n%s", init.checkpoint, kind, "\n".join(lines))
     files.write_json(os.path.join(workdir, RECORD), record)
     return record
