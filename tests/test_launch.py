@@ -66,6 +66,15 @@ def test_eval_without_checkpoint_is_a_clear_error(tmp_path):
     assert stopped.startswith("FileNotFoundError: --mode=eval: no checkpoint in")
 
 
+@pytest.mark.parametrize("mode", ["eval", "export", "sample"])
+def test_a_read_only_mode_on_a_mistyped_workdir_creates_nothing(tmp_path, mode):
+    from trainer import cli
+    with pytest.raises(FileNotFoundError, match=rf"--mode={mode}: --workdir=.*typo does not "
+                                                "exist"):
+        cli.execute(tiny_config(), str(tmp_path / "typo"), mode)
+    assert os.listdir(tmp_path) == []
+
+
 def test_unknown_task_lists_known_ones():
     with pytest.raises(ValueError, match=r"Unknown task 'cifar100'.*Known tasks: cifar10"):
         tasks.get_task(tiny_config(**{"task.name": "cifar100"}))

@@ -107,7 +107,8 @@ def test_zero_intervals_mean_only_at_the_end(tmp_path):
 
 
 @pytest.mark.parametrize("field,value", [("steps_per_loop", 0), ("log_every", -1),
-                                         ("checkpoint_every", -5)])
+                                         ("checkpoint_every", -5), ("train_steps", -5),
+                                         ("train_steps", 0)])
 def test_bad_intervals_are_clear_errors(tmp_path, field, value):
     config = tiny_config(**{f"trainer.{field}": value})
     with pytest.raises(ValueError, match=rf"trainer.{field}={value}.*integer"):

@@ -14,7 +14,8 @@ from ml_collections import config_flags
 from trainer.assemble import MODES, run
 from trainer.loop.signals import Preempted
 from trainer.runtime.distribute import build_strategy, is_chief
-from trainer.state.workdir import EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, check_workdir, lock_holder
+from trainer.state.workdir import (EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, check_readable_workdir,
+                                   check_workdir, lock_holder)
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (a get_config() module).",
@@ -51,6 +52,8 @@ def main(argv):
 def execute(config, workdir, mode):
     """Runs `mode` on `workdir` (any filesystem tf.io.gfile knows: a path, gs://, ram://)."""
     import keras  # after flag parsing: keeps --help fast
+    if mode in ("eval", "sample") or (mode == "export" and not config.export.checkpoint):
+        check_readable_workdir(workdir, mode)  # (export.checkpoint: workdir is the output)
     strategy = build_strategy(config.distribution)  # first: multi-worker needs a fresh runtime
     keras.utils.set_random_seed(config.seed)
     if mode in ("sample", "export") or not is_chief(strategy):

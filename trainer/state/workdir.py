@@ -39,6 +39,16 @@ def check_workdir(workdir):
                               "--workdir or fix its permissions.")
 
 
+def check_readable_workdir(workdir, mode):
+    """A mode that only reads a run (eval, sample, export of the workdir's own
+    checkpoints) fails on a workdir that does not exist, before creating anything
+    there (a summary, a lock)."""
+    if not gfile.isdir(workdir):
+        raise FileNotFoundError(
+            f"--mode={mode}: --workdir={workdir} does not exist, so it holds no run to read "
+            "(nothing was created). Point --workdir at a trained run's directory.")
+
+
 def _alive(pid):
     try:
         os.kill(pid, 0)
