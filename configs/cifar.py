@@ -5,7 +5,7 @@ python launch.py --config=configs/cifar.py --workdir=runs/cifar
 
 import ml_collections
 
-from trainer.step.optimizers import WEIGHT_DECAY_EXCLUDE
+from trainer.runtime.defaults import WEIGHT_DECAY_EXCLUDE
 
 TRAIN_EXAMPLES = 50_000
 

@@ -7,7 +7,7 @@ python launch.py --config=configs/lm.py --workdir=runs/lm --mode=sample --config
 import ml_collections
 
 from configs.cifar import init_config
-from trainer.step.optimizers import WEIGHT_DECAY_EXCLUDE
+from trainer.runtime.defaults import WEIGHT_DECAY_EXCLUDE
 
 
 def get_config():

@@ -65,3 +65,14 @@ def test_ci_runs_the_readme_test_command():
     blocks = re.findall(r"```\n(.*?)```", readme, re.S)
     test_command = next(b.strip() for b in blocks if "pytest" in b)
     assert test_command in open(os.path.join(ROOT, ".ci", "run")).read()
+
+
+def test_config_files_import_only_the_shared_defaults_of_the_trainer():
+    """A config is read before anything is built: it may import trainer/runtime/defaults.py,
+    not the step's or the loop's modules."""
+    configs = os.path.join(ROOT, "configs")
+    for name in sorted(os.listdir(configs)):
+        if name.endswith(".py"):
+            imported = re.findall(r"^\s*(?:from|import) (trainer\S*)",
+                                  open(os.path.join(configs, name)).read(), re.M)
+            assert set(imported) <= {"trainer.runtime.defaults"}, (name, imported)

@@ -3,13 +3,11 @@
 import keras
 from absl import logging
 
+from trainer.runtime.defaults import WEIGHT_DECAY_EXCLUDE
 from trainer.state.layout import matching
 from trainer.step.ema import check_ema_decay
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
-# What AdamW does not decay unless optimizer.weight_decay_exclude says otherwise: biases,
-# normalization scales and offsets (Keras names them gamma and beta), embeddings.
-WEIGHT_DECAY_EXCLUDE = (r".*/bias", r".*/(gamma|beta)", r".*/embeddings")
 SCHEDULES = ("constant", "cosine")
 
 
