@@ -205,14 +205,17 @@ def benchmark():
         f.write(report)
 
 
-def eval_log(workdir, steps_per_epoch):
-    """A Keras callback that appends each epoch's validation metrics, with the wall
-    time and the step, to `workdir/fit_evals.jsonl` (the parent polls it)."""
+def eval_log(workdir, steps_per_epoch, task):
+    """A Keras callback that appends each epoch's validation metrics (with those the task
+    derives from the loss), the wall time and the step, to `workdir/fit_evals.jsonl`
+    (the parent polls it)."""
     import keras
+    from trainer.step.evaluation import with_metrics_of_loss
 
     def on_epoch_end(epoch, logs):
         row = {"time": time.time(), "step": (epoch + 1) * steps_per_epoch}
-        row.update({k[len("val_"):]: float(v) for k, v in logs.items() if k.startswith("val_")})
+        row.update(with_metrics_of_loss(task, {k[len("val_"):]: float(v) for k, v in
+                                               logs.items() if k.startswith("val_")}))
         with open(os.path.join(workdir, FIT_LOG), "a") as f:
             f.write(json.dumps(row) + "\n")
     return keras.callbacks.LambdaCallback(on_epoch_end=on_epoch_end)
@@ -247,7 +250,7 @@ def fit_run(config, workdir):
                       steps_per_execution=every)
     model.fit(train, validation_data=evaluation, steps_per_epoch=every,
               epochs=config.trainer.train_steps // every, verbose=2,
-              callbacks=[eval_log(workdir, every)])
+              callbacks=[eval_log(workdir, every, task)])
 
 
 def main(argv):

@@ -52,6 +52,12 @@ class Task(abc.ABC):
     def update_metrics(self, metrics, labels, outputs):
         """Updates `metrics` (as built by `build_metrics`) with one batch."""
 
+    def metrics_of_loss(self):
+        """{name: function of the mean loss} for metrics the loss alone gives (bits per
+        byte, perplexity): reported beside the loss, in training and evaluation, without
+        a second pass over the outputs."""
+        return {}
+
     def serving_input(self):
         """(tf.TensorSpec of the raw input a client sends, function from it to the model's
         features) for `--mode=export`, e.g. uint8 images and the normalization."""

@@ -87,13 +87,6 @@ def per_byte_loss(labels, logits):
     return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
 
-class BitsPerByte(keras.metrics.Mean):
-    """Mean next-byte cross-entropy in bits."""
-
-    def update_state(self, labels, logits, sample_weight=None):
-        super().update_state(per_byte_loss(labels, logits) / math.log(2.0), sample_weight)
-
-
 @register("lm")
 class ByteLMTask(base.Task):
     """Next-byte prediction on a glob of text files."""
@@ -193,15 +186,17 @@ class ByteLMTask(base.Task):
         return per_byte_loss(labels, outputs)  # [batch, seq_len]: one loss per byte
 
     def build_metrics(self):
-        return [BitsPerByte("bits_per_byte"), keras.metrics.SparseCategoricalAccuracy("accuracy"),
+        return [keras.metrics.SparseCategoricalAccuracy("accuracy"),
                 keras.metrics.Sum("scored_bytes")]
+
+    def metrics_of_loss(self):
+        # The mean next-byte cross-entropy is the loss: in bits, not computed again.
+        return {"bits_per_byte": lambda loss: loss / math.log(2.0)}
 
     def update_metrics(self, metrics, labels, outputs):
         # One entry per byte: Keras' Mean metrics would average each window first.
         labels, outputs = tf.reshape(labels, [-1]), tf.reshape(outputs, [-1, VOCAB])
-        bits, accuracy, scored = metrics
-        bits.update_state(labels, outputs)
-        accuracy.update_state(labels, outputs)
+        accuracy, scored = metrics
         scored.update_state(tf.cast(tf.size(labels), tf.float32))
 
     def sample(self, model, prompt, num_bytes, temperature=1.0, top_k=0, seed=0):

@@ -175,3 +175,15 @@ def test_lm_mixed_bfloat16_runs(tmp_path):
     results = trainer.train()
     assert trainer.model.blocks[0].compute_dtype == "bfloat16"
     assert np.isfinite(results["loss"]) and results["bits_per_byte"] < 8.0
+
+
+def test_the_lm_evaluation_computes_the_cross_entropy_once(tmp_path):
+    """bits_per_byte is the eval loss in bits, not a second softmax cross-entropy."""
+    trainer = build(tiny_lm(tmp_path), tmp_path / "run")
+    results = trainer.evaluate()
+    assert results["bits_per_byte"] == pytest.approx(results["loss"] / np.log(2), rel=1e-6)
+    graph = trainer.evaluation._loop.get_concrete_function(
+        iter(trainer._eval_dataset)).graph.as_graph_def()
+    ops = [n.op for n in graph.node] + [n.op for f in graph.library.function
+                                        for n in f.node_def]
+    assert ops.count("SparseSoftmaxCrossEntropyWithLogits") == 1

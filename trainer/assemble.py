@@ -128,7 +128,7 @@ def best_checkpoint(trainer):
     tc = trainer.config.trainer
     if not tc.best_metric:
         return None
-    known = [f"eval/{m.name}" for m in trainer.eval_metrics]
+    known = [f"eval/{name}" for name in trainer.evaluation.names]
     if tc.best_metric not in known:
         raise ValueError(f"trainer.best_metric={tc.best_metric!r} is not an eval metric "
                          f"of this task; choose one of {', '.join(known)}.")

@@ -24,7 +24,7 @@ from absl import logging
 
 from trainer.loop.goodput import bottleneck, breakdown
 from trainer.runtime.plugins import import_object
-from trainer.step.evaluation import format_metrics
+from trainer.step.evaluation import format_metrics, with_metrics_of_loss
 from trainer.step.optimizers import build_learning_rate
 
 
@@ -110,7 +110,8 @@ class LogTrain(Action):
             **{f"time/{k}": v for k, v in shares.items()}}, step)
         bound = bottleneck(shares)
         logs.update({f"train/{k}": v for k, v in scalars.items()})
-        metrics = {m.name: results[m.name] for m in trainer.train_metrics}
+        metrics = with_metrics_of_loss(
+            trainer.task, {m.name: results[m.name] for m in trainer.train_metrics})
         eta = (trainer.train_steps - step) / max(steps_per_sec, 1e-9)
         logging.info("step %d/%d: %s | %.0f ex/s%s, %.2f steps/s, ETA %s%s", step,
                      trainer.train_steps, format_metrics(metrics), examples_per_sec, tokens,
@@ -121,7 +122,8 @@ def train_results(trainer):
     """The train metrics since the last call, with the learning rate the last step used
     (as per-step summaries write it; the optimizer's `learning_rate` is the next
     step's), the current loss scale and the skipped steps; resets the metrics."""
-    results = {m.name: float(m.result()) for m in trainer.train_metrics}
+    results = with_metrics_of_loss(trainer.task, {m.name: float(m.result())
+                                                  for m in trainer.train_metrics})
     schedule = build_learning_rate(trainer.config.optimizer, trainer.train_steps)
     last_step = max(int(trainer.step.numpy()) - 1, 0)
     results.update(

@@ -10,6 +10,16 @@ def format_metrics(metrics):
     return " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
 
 
+def with_metrics_of_loss(task, results):
+    """`results` ({metric name: float}, with the mean "loss") and, after the loss, the
+    metrics the task derives from it (`Task.metrics_of_loss`)."""
+    derived = {name: float(of_loss(results["loss"]))
+               for name, of_loss in task.metrics_of_loss().items()}
+    at = list(results).index("loss") + 1
+    items = list(results.items())
+    return dict(items[:at] + list(derived.items()) + items[at:])
+
+
 def as_float32(outputs):
     """Losses and metrics are computed in float32 whatever the compute dtype."""
     return tf.nest.map_structure(
@@ -62,4 +72,9 @@ class Evaluation:
             bar.update(batches, finalize=True)
         else:
             self._loop(iter(dataset))
-        return {m.name: float(m.result()) for m in self.metrics}
+        return with_metrics_of_loss(self.task, {m.name: float(m.result()) for m in self.metrics})
+
+    @property
+    def names(self):
+        """The names of the metrics `run` returns."""
+        return [m.name for m in self.metrics] + list(self.task.metrics_of_loss())

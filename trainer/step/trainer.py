@@ -363,10 +363,6 @@ class Trainer:
             self.ema.start_from_weights()
         return record
 
-    @property
-    def eval_metrics(self):
-        return self.evaluation.metrics
-
     def evaluate(self, progress=False):
         """One full pass over the eval split (see `Evaluation.run`), with the EMA weights
         if `eval_weights` says so; returns {metric name: float}."""
