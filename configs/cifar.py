@@ -101,7 +101,7 @@ def get_config():
         # After each eval, the best checkpoint by this eval metric is kept in workdir/best/
         # ("": none); early_stop_patience > 0 evals without improvement end the run.
         best_metric="eval/accuracy", best_mode="max", early_stop_patience=0,
-        max_seconds=0.0,           # > 0: stop with a checkpoint after this long (0: no limit)
+        max_seconds=0.0,  # > 0: stop with a checkpoint this long after process start (0: no limit)
         # > 0: peak TFLOP/s of one device, for MFU where trainer/step/flops.py has no figure
         # (0: its table for GPUs/TPUs, a measured matmul on a CPU)
         peak_tflops=0.0,

@@ -2,6 +2,7 @@
 continuous evaluation next to a training run."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -170,6 +171,20 @@ def test_time_budget_stops_with_a_checkpoint_and_a_relaunch_finishes(tmp_path, c
     config.trainer.max_seconds = 0.0
     build(config, tmp_path).train()
     assert checkpoint_steps(tmp_path / "checkpoints") == [5, 20]
+
+
+def test_the_time_budget_counts_from_the_launchs_start(tmp_path, monkeypatch):
+    """A scheduler's limit counts from process start: imports, strategy and model
+    building (here 100 s before the loop) use the budget too."""
+    from trainer.loop import controller as controller_lib
+    monkeypatch.setattr(controller_lib, "launch_start", lambda created: time.time() - 100)
+    config = tiny_config(**{"trainer.train_steps": 20, "trainer.steps_per_loop": 5,
+                            "trainer.checkpoint_every": 0, "trainer.max_seconds": 90.0})
+    build(config, tmp_path).train(evaluate=False)
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert summary["steps"] == 5
+    assert re.match(r"time budget: trainer.max_seconds=90.0 would be exceeded by another "
+                    r"chunk after 10\d s", summary["stopped"])
 
 
 @pytest.mark.parametrize("field,value,match", [

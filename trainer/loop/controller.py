@@ -82,9 +82,12 @@ class Controller:
         budget (`trainer.max_seconds`) stops the same way but returns.
         """
         trainer = self.trainer
-        self.started = self.clock()
+        launched = launch_start(trainer.created)  # the process's start, for its first launch
+        # The time budget counts from there, as a scheduler's limit does.
+        self.started = self.clock() - max(0.0, time.time() - launched)
+        restoring = self.clock()
         trainer.restore_or_warm_start()
-        restore_seconds = self.clock() - self.started
+        restore_seconds = self.clock() - restoring
         if trainer.jit_compile == "auto":
             trainer.use_jit(choose_jit(self))
         self.step = self.start_step = int(trainer.step.numpy())
@@ -93,7 +96,7 @@ class Controller:
             action.begin(self)
         write_start(self)
         self._agree_on_requests()
-        self.ledger.start(launch_start(trainer.created), self.step, restore_seconds,
+        self.ledger.start(launched, self.step, restore_seconds,
                           self.seconds)
         self.loop_started = self.clock()
         # From here on, a run ends with summary.json (before: a failure leaves the
