@@ -7,7 +7,8 @@ JOB = ["--config=configs/cifar.py", "--config.data.source=synthetic",
        "--config.data.synthetic_train_size=256", "--config.data.synthetic_test_size=32",
        "--config.trainer.steps_per_loop=5", "--config.trainer.log_every=5",
        "--config.trainer.checkpoint_every=10", "--config.trainer.eval_every=20",
-       "--config.distribution.collective_timeout_seconds=20"]
+       "--config.distribution.collective_timeout_seconds=20",
+       "--config.trainer.deterministic=True"]  # (the harness adds it too: bitwise needs it)
 
 
 def _check(report, kills, target):
@@ -16,6 +17,8 @@ def _check(report, kills, target):
                                 "checkpoints_read": True}, report
     assert report["passed"] and report["kills"] == kills and report["values_compared"] > 10
     assert report["final_step"] == report["target_step"] == target
+    # at least one relaunch resumed from a checkpoint, not from scratch
+    assert report["recoveries"] >= 1 and any(r["restored_step"] > 0 for r in report["rows"])
     assert {r["signal"] for r in report["rows"]} == {"SIGKILL", "SIGTERM"}
     for row in report["rows"]:
         assert row["restored_step"] % 5 == 0 and row["restored_step"] <= target
