@@ -309,10 +309,16 @@ def test_a_failed_background_write_is_reported_and_the_previous_checkpoint_kept(
     (tmp_path / "checkpoints" / "ckpt-1_temp").write_text("in the way")
     trainer.checkpoints.save()  # returns at once; the failure happens in the thread
     with pytest.raises(RuntimeError, match=r"asynchronous write of checkpoint .*ckpt-1 "
-                                           r"failed .* previous checkpoint is intact"):
+                                           r"failed \(.*Not a directory.*previous checkpoint "
+                                           r"is intact"):
         trainer.checkpoints.sync()
     assert checkpoint_steps(tmp_path / "checkpoints") == [0]
-    trainer.step.assign(2)
-    with pytest.raises(tf.errors.OpError, match="Not a directory"):
-        trainer.checkpoints.save()  # TensorFlow raises the thread's error at the next save
     assert build(tiny_config(), tmp_path).restore().endswith("ckpt-0")
+    # The error was reported once: the next save works (TensorFlow would raise it again
+    # there, and once more at exit), and the relaunch's cleanup removes what was in the way.
+    trainer.checkpoints.remove_partial_writes()
+    trainer.step.assign(2)
+    trainer.checkpoints.save()
+    trainer.checkpoints.sync()
+    assert checkpoint_steps(tmp_path / "checkpoints") == [0, 2]
+    assert not (tmp_path / "checkpoints" / "ckpt-1_temp").exists()

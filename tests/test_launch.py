@@ -197,3 +197,57 @@ def test_one_writer_per_job_by_task_identity(cluster, task_type, task_id, chief)
 def test_single_client_strategies_are_their_own_chief():
     assert is_chief(tf.distribute.get_strategy()) and is_chief(two_replicas())
     assert is_chief(_Strategy(None))
+
+
+FILL_DISK = '''
+import glob
+import os
+
+
+def fill(controller, step, logs):
+    """Leaves half a checkpoint free on the workdir's filesystem, once the checkpoint is
+    written: room for the small files, not for another checkpoint."""
+    checkpoints = controller.trainer.checkpoints
+    size = sum(os.path.getsize(p) for p in glob.glob(checkpoints.latest + ".*"))
+    free = os.statvfs(controller.trainer.workdir)
+    with open(os.path.join(os.path.dirname(controller.trainer.workdir), "filler"), "wb") as f:
+        f.write(b"\\0" * (free.f_bavail * free.f_frsize - size // 2))
+'''
+
+
+def test_a_full_disk_is_told_plainly_and_a_relaunch_after_freeing_space_finishes(tmp_path):
+    disk = tmp_path / "disk"  # a small filesystem of its own
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)],
+                      capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        (tmp_path / "fill_disk.py").write_text(FILL_DISK)
+        (tmp_path / "full_config.py").write_text(
+            "from configs import cifar\n\n\ndef get_config():\n    c = cifar.get_config()\n"
+            "    c.actions.fill = dict(action='fill_disk.fill', every=10)\n    return c\n")
+        workdir = disk / "run"
+        args = [*TINY, "--config.model.name=resnet", "--config.model.width=4",
+                "--config.model.blocks_per_stage=1", "--config.trainer.jit_compile=off",
+                "--config.trainer.train_steps=30", "--config.trainer.checkpoint_every=10",
+                "--config.trainer.eval_every=0", "--config.trainer.log_every=0",
+                "--config.trainer.async_checkpoint=on"]
+        run = launch(workdir, *args, config=str(tmp_path / "full_config.py"))
+        assert run.returncode == 28, run.stderr[-3000:]
+        assert "Traceback" not in run.stderr, run.stderr[-3000:]
+        assert re.search(r"No space left on device writing .*The last complete checkpoint is "
+                         rf"{workdir}/checkpoints/ckpt-10; .*relaunch with the same --workdir",
+                         run.stderr)
+        summary = json.load(open(workdir / "summary.json"))
+        assert summary["stopped"].startswith("DiskFull: No space left on device")
+        assert not list((workdir / "checkpoints").glob("*_temp"))  # the cut-short write
+
+        (disk / "filler").unlink()
+        (workdir / "checkpoints" / "ckpt-25_temp").mkdir()  # as a kill mid-write leaves it
+        again = launch(workdir, *args)  # the shipped config: no filling action
+        assert again.returncode == 0, again.stderr[-6000:]
+        assert "Restored" in again.stderr and "ckpt-10" in again.stderr
+        assert json.load(open(workdir / "summary.json"))["steps"] == 30
+        assert not (workdir / "checkpoints" / "ckpt-25_temp").exists()
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)

@@ -12,7 +12,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from trainer.assemble import MODES, run
-from trainer.loop.signals import Preempted
+from trainer.loop.signals import DiskFull, Preempted
 from trainer.runtime.distribute import build_strategy, is_chief
 from trainer.state.workdir import (EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, check_readable_workdir,
                                    check_workdir, lock_holder)
@@ -47,6 +47,10 @@ def main(argv):
         logging.warning("%s", e)
         logging.flush()
         sys.exit(128 + e.signum)
+    except DiskFull as e:  # what to do, not a traceback through TensorFlow's writers
+        logging.error("%s", e)
+        logging.flush()
+        sys.exit(DiskFull.EXIT_STATUS)
 
 
 def execute(config, workdir, mode):

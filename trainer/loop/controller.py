@@ -21,7 +21,7 @@ from trainer.loop.divergence import check_finite
 from trainer.loop.goodput import Ledger, launch_start
 from trainer.loop.jit_choice import choose_jit
 from trainer.loop.run_summary import write_start, write_summary
-from trainer.loop.signals import Preempted, StopOnSignal
+from trainer.loop.signals import DiskFull, Preempted, StopOnSignal, disk_full_path
 from trainer.runtime.summaries import Summaries
 from trainer.state.workdir import ChiefFiles
 
@@ -86,6 +86,7 @@ class Controller:
         # The time budget counts from there, as a scheduler's limit does.
         self.started = self.clock() - max(0.0, time.time() - launched)
         restoring = self.clock()
+        trainer.checkpoints.remove_partial_writes()  # a write a kill or a full disk cut short
         trainer.restore_or_warm_start()
         restore_seconds = self.clock() - restoring
         if trainer.jit_compile == "auto":
@@ -116,14 +117,18 @@ class Controller:
                     self.ledger.cycle(self.step, self.step - first_step, self.seconds)
                     if self.interrupted:
                         break
+                trainer.checkpoints.sync()  # the run ends with its last checkpoint complete
             except Exception as error:  # divergence, a failed worker, a bug: still summed up
                 failure = (self._peer_failure(error) if self.multi_worker
                            and isinstance(error, tf.errors.OpError) else error)
-                self.summaries.flush()
-                try:
-                    trainer.checkpoints.sync()  # a write under way ends before the exit
-                except Exception as sync_error:  # noqa: BLE001  (the failure matters more)
-                    logging.error("%s", sync_error)
+                # A write under way ends before the exit (the failure matters more).
+                for finish in (self.summaries.flush, trainer.checkpoints.sync):
+                    try:
+                        finish()
+                    except Exception as finish_error:  # noqa: BLE001
+                        logging.error("%s", finish_error)
+                if disk_full_path(failure) is not None:
+                    failure = self._disk_full(failure)
                 try:
                     write_summary(self, f"{type(failure).__name__}: "
                                         f"{str(failure).strip()[:500]}")
@@ -135,7 +140,6 @@ class Controller:
             finally:
                 for action in self.actions:
                     action.end(self)
-        trainer.checkpoints.sync()  # the run ends with its last checkpoint complete
         self.summaries.flush()
         write_summary(self, self.interrupted or self.stop_reason)
         if self._signalled:
@@ -143,6 +147,16 @@ class Controller:
                             f"{trainer.checkpoints.directory}. Relaunch with the same "
                             "--workdir to continue from this step.", stop.signum or signal.SIGTERM)
         return self.last_eval
+
+    def _disk_full(self, error):
+        """The DiskFull error that says what to do (a failed checkpoint write removed what
+        it had written: the space the summary needs)."""
+        latest = tf.train.latest_checkpoint(self.trainer.checkpoints.directory)
+        return DiskFull(
+            f"No space left on device writing {disk_full_path(error) or self.trainer.workdir}. "
+            f"The last complete checkpoint is {latest or 'none (no checkpoint was written)'}"
+            "; nothing before it is lost. Free space on that filesystem (or move the workdir "
+            "to a larger one) and relaunch with the same --workdir to continue from it.")
 
     # ----------------------------------------------------------------- inside
 

@@ -1,5 +1,8 @@
-"""Stopping on SIGTERM/SIGINT at the next loop boundary, with a checkpoint."""
+"""Stopping on SIGTERM/SIGINT at the next loop boundary, with a checkpoint; a full disk
+told as such."""
 
+import errno
+import re
 import signal
 import threading
 
@@ -12,6 +15,25 @@ class Preempted(Exception):
     def __init__(self, message, signum):
         super().__init__(message)
         self.signum = signum
+
+
+class DiskFull(Exception):
+    """A write failed for lack of space; the checkpoints before it are complete."""
+
+    EXIT_STATUS = errno.ENOSPC  # 28, as the C library numbers the error
+
+
+def disk_full_path(error):
+    """The path a write failed on for lack of space, "" if unnamed, or None when
+    `error` (or what caused it) is no such failure."""
+    while error is not None:
+        text = str(error)
+        if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or \
+                "No space left on device" in text:
+            named = re.search(r"(\S+); No space left on device", text)
+            return named.group(1) if named else getattr(error, "filename", None) or ""
+        error = error.__cause__ or error.__context__
+    return None
 
 
 class StopOnSignal:

@@ -90,17 +90,36 @@ class Checkpoints:
             # TensorFlow's sync only waits: a failed background write shows as missing files.
             if written and checkpoints.options.enable_async and not tf.io.gfile.exists(
                     written + ".index"):
+                error = _take_async_error(checkpoints.checkpoint)
+                _remove(written + "_temp")  # on a full disk, as large as a checkpoint
                 raise RuntimeError(
-                    f"The asynchronous write of checkpoint {written} failed (its files are "
-                    "missing; the error is in the log above). The previous checkpoint is "
-                    "intact; relaunch to continue from it, or set "
-                    "--config.trainer.async_checkpoint=off to see the error where it happens.")
+                    f"The asynchronous write of checkpoint {written} failed "
+                    f"({_first_line(error, 300) if error else 'its files are missing'}). "
+                    "The previous checkpoint is intact; relaunch to continue from it, or set "
+                    "--config.trainer.async_checkpoint=off to see the error where it "
+                    "happens.") from error
+
+    def remove_partial_writes(self):
+        """Removes what writes cut short left in the directory (`ckpt-N_temp`, which the
+        manager renames only once complete): call it with the workdir locked, before
+        training. A full disk leaves one as large as a checkpoint."""
+        if not self.is_chief:
+            return
+        self.sync()
+        for path in tf.io.gfile.glob(os.path.join(self.directory, "*_temp")):
+            logging.warning("Removing %s, left by a checkpoint write that did not finish.",
+                            path)
+            _remove(path)
 
     def write(self, prefix):
         """Writes the state to `prefix` outside the rotation (e.g. the best checkpoint);
         every worker must call it, only the chief's files are kept."""
         if self.is_chief:
-            return self.checkpoint.write(prefix)
+            try:
+                return self.checkpoint.write(prefix)
+            except Exception:
+                _remove(prefix + "_temp")  # what the failed write holds (a full disk)
+                raise
         scratch = tempfile.mkdtemp()
         self.checkpoint.write(os.path.join(scratch, "ckpt"))
         shutil.rmtree(scratch, ignore_errors=True)
@@ -209,6 +228,26 @@ def _hint(found):
                 "checkpoint does not hold: turning the EMA on mid-run is not supported; set "
                 "--config.optimizer.ema_decay=0 to resume. ")
     return ""
+
+
+def _remove(path):
+    """Removes a file or directory tree if it exists."""
+    if tf.io.gfile.isdir(path):
+        tf.io.gfile.rmtree(path)
+    elif tf.io.gfile.exists(path):
+        tf.io.gfile.remove(path)
+
+
+def _take_async_error(checkpoint):
+    """The error of `checkpoint`'s failed background write, taken from TensorFlow's
+    helper, which otherwise keeps it to raise at the next save or, at exit, as an
+    "Exception ignored in atexit callback" traceback after the run has ended (private
+    attributes of TF 2.21's AsyncCheckpointHelper; None where they differ)."""
+    helper = getattr(checkpoint, "_async_checkpointer_impl", None)
+    error = getattr(helper, "_async_error", None)
+    if error is not None:
+        helper._async_error = None
+    return error
 
 
 def read_error(path):
