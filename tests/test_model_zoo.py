@@ -156,3 +156,22 @@ def test_auto_named_weights_have_one_name_in_every_build(tmp_path, name):
     assert relaunch.returncode == 0, relaunch.stderr[-2000:]
     assert f"restored {run / 'checkpoints' / 'ckpt-4'} {sorted(trainer.variable_names)}" \
         in relaunch.stdout
+
+
+class _NeedsAMask(keras.Model):
+    """A subclassed model that cannot be called on the features alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = keras.layers.Dense(zoo.CLASSES)
+
+    def call(self, x, mask):
+        return self.head(x) * mask
+
+
+def test_a_model_no_batch_can_build_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(zoo.MODELS, "needs_a_mask", lambda variant: _NeedsAMask())
+    with pytest.raises(ValueError, match=r"Zoo.build_model\(\) returned an unbuilt model .*"
+                                         r"building it on the train features' shapes failed "
+                                         r"\(TypeError: .*mask.*Build it in build_model\(\)"):
+        build(zoo.zoo_config("needs_a_mask"), tmp_path)
