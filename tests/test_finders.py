@@ -194,3 +194,27 @@ def test_find_lr_sweeps_the_model_training_would_start_from(tmp_path):
     config.init.checkpoint = str(tmp_path / "missing.weights.h5")
     with pytest.raises(Exception, match="missing.weights.h5"):
         cli.execute(config, str(tmp_path / "lr2"), "find_lr")
+
+
+def test_a_trial_predicted_past_the_budget_is_not_run(tmp_path, monkeypatch):
+    """On a CPU a trial could take the machine's memory before its peak is measured: one
+    whose peak, scaled from the largest batch that ran, passes the budget is skipped.
+    (Trials stand in: a peak of 1 MB per example, within the 48 MB budget or not.)"""
+    from trainer.modes import batch_size_finder
+    ran = []
+
+    def trial(config, strategy, workdir, make_task, batch, budget_gb):
+        ran.append(batch)
+        peak = batch * 2**20
+        return {"batch": batch, "runs": peak <= budget_gb * 2**30, "peak_bytes": peak,
+                "reason": None if peak <= budget_gb * 2**30 else "peak past the budget"}
+
+    monkeypatch.setattr(batch_size_finder, "_trial", trial)
+    config = tiny_config(**{"find_batch_size.memory_budget_gb": 48 / 1024,
+                            "find_batch_size.max_trials": 6})
+    report = find_batch_size(config, tf.distribute.get_strategy(), str(tmp_path), None)
+    skipped = [t["batch"] for t in report["trials"] if t["batch"] not in ran]
+    assert 64 in skipped and max(ran) <= 48  # 64 x 1 MB > 48 MB: never run
+    assert all(t["reason"].startswith("not run: its peak would be about") for t in
+               report["trials"] if t["batch"] in skipped)
+    assert report["largest"] == 48

@@ -9,7 +9,9 @@ peak of TensorFlow's allocator on any replica's device passes
 `memory_budget_gb`, or when the data set is smaller than the batch. On a CPU an
 allocation fails only when the whole machine runs out (the kernel then kills the
 process, and others with it), so there a budget of 0 means half the memory
-available at start. At most `max_trials` trials, each in the run's precision
+available at start, and a trial whose peak, scaled from the largest batch that
+ran, would pass the budget is not run but counted as failing. At most
+`max_trials` trials, each in the run's precision
 policy and float32 overrides. Writes `workdir/find_batch_size.json` and prints
 the override; no checkpoint is read or written.
 """
@@ -52,7 +54,8 @@ def find_batch_size(config, strategy, workdir, make_task):
     trials, good, bad = [], None, None
     while len(trials) < f.max_trials:
         keras.mixed_precision.set_global_policy(policy)
-        trial = _trial(config, strategy, workdir, make_task, batch, budget_gb)
+        trial = (_predicted_past_budget(trials, good, batch, budget_gb)
+                 or _trial(config, strategy, workdir, make_task, batch, budget_gb))
         trials.append(trial)
         logging.info("find_batch_size: batch %d %s", batch,
                      "runs" if trial["runs"] else f"fails: {trial['reason']}")
@@ -115,6 +118,23 @@ def _available_bytes():
         return int(fields["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         return None
+
+
+def _predicted_past_budget(trials, good, batch, budget_gb):
+    """A failed trial, not run, if the peak of the largest batch that ran, scaled by the
+    batch, passes the budget: on a CPU such a trial could take the machine's memory
+    before its own peak is measured. (Linear in the batch, with no fixed part: it
+    over-estimates, never under.)"""
+    if not budget_gb or good is None:
+        return None
+    peak = next(t["peak_bytes"] for t in trials if t["batch"] == good and t["runs"])
+    predicted = peak * batch / good
+    if predicted <= budget_gb * 2**30:
+        return None
+    return {"batch": batch, "runs": False, "peak_bytes": None,
+            "reason": f"not run: its peak would be about {predicted / 2**30:.3g} GB (batch "
+                      f"{good}'s {peak / 2**30:.3g} GB, scaled) > find_batch_size."
+                      f"memory_budget_gb={budget_gb:.3g}"}
 
 
 def _trial(config, strategy, workdir, make_task, batch, budget_gb):
