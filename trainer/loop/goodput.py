@@ -4,7 +4,8 @@ Every launch appends to `workdir/goodput.jsonl` (JSON lines, chief only, through
 tf.io.gfile): `start` (when the process started, the step restored, the
 seconds the restore took), one `cycle` per compiled chunk and the actions
 after it, and `end`. The events of a launch cover its time without gaps, so
-summing them splits the wall time since the first launch into:
+summing them splits the wall time (each launch's duration on its own clock, plus
+the idle time between launches) into:
 
     productive   train steps that moved the run forward
     startup      process start to the first step: imports, building, tracing
@@ -12,7 +13,8 @@ summing them splits the wall time since the first launch into:
     data_wait    the compiled loop waiting for the next batch
     checkpoint_save, checkpoint_restore, evaluation   (the blocking parts)
     redone       steps a killed launch had run past its last checkpoint, run again
-    idle         from a launch's last event to the next launch's process start
+    idle         from a launch's last event to the next launch's process start (0 when
+                 the next launch's clock reads earlier: another host, an NTP step)
     other        host work: logging, summaries, the other actions, exit
 
 Goodput is `productive` over that wall time. A SIGKILL loses what its launch
@@ -77,6 +79,8 @@ class Ledger:
     def start(self, launched, step, restore_seconds, seconds):
         """The loop of the launch that started at `launched` (epoch seconds) is about to
         start at `step`; `seconds`: the Controller's running totals by kind."""
+        if self.is_chief and not self._ends_a_line():  # a kill cut the last event short:
+            self._pending.append("\n")  # without this, the start would join its line
         self._append("start", process_start=round(launched, 4), step=step,
                      restore_seconds=round(restore_seconds, 4))
         self._last_seconds = dict(seconds)
@@ -96,17 +100,26 @@ class Ledger:
             self._flush()
 
     def read(self):
-        """Every event of every launch so far (a line cut by a kill is skipped)."""
+        """Every event of every launch so far (an event cut by a kill is skipped)."""
         if not tf.io.gfile.exists(self.path):
             return []
-        events = []
         with tf.io.gfile.GFile(self.path) as f:
-            for line in f:
-                try:
-                    events.append(json.loads(line))
-                except ValueError:
-                    continue
-        return events
+            return [event for line in f for event in _parse(line)]
+
+    def _ends_a_line(self):
+        """Whether the ledger is empty or ends with a newline; False when unknown (an
+        empty line costs nothing)."""
+        try:
+            size = tf.io.gfile.stat(self.path).length
+            if not size:
+                return True
+            with tf.io.gfile.GFile(self.path, "rb") as f:
+                f.seek(size - 1)
+                return f.read(1) == b"\n"
+        except tf.errors.NotFoundError:
+            return True
+        except (tf.errors.OpError, OSError):
+            return False
 
     def _append(self, event, **fields):
         self._last_time = time.time()
@@ -132,19 +145,33 @@ class Ledger:
         self._pending, self._flushed = [], self._last_time
 
 
+def _parse(line):
+    """The event of a ledger line: none if a kill cut it short, and the event after the
+    cut if a launch appended it to the same line (as versions before the fresh-line
+    check did)."""
+    at = 0
+    while at >= 0:
+        try:
+            return [json.loads(line[at:])]
+        except ValueError:
+            at = line.find('{"event"', at + 1)
+    return []
+
+
 def account(events):
     """{"goodput": fraction, "wall_seconds", "productive_seconds", "badput_seconds":
-    {bucket: seconds}, "launches", "steps_redone"} of a ledger's events."""
+    {bucket: seconds}, "launches", "steps_redone"} of a ledger's events. Each launch is
+    timed on its own clock: the hosts of launches may disagree."""
     buckets = dict.fromkeys(BUCKETS, 0.0)
-    productive, launches, redone_steps = 0.0, 0, 0
+    productive, launches, redone_steps, wall = 0.0, 0, 0, 0.0
     reached = 0  # the furthest step any earlier launch ran to
-    previous_end = first_start = last_time = None
+    previous_end = None
     for launch in _launches(events):
         start = launch[0]
         launches += 1
-        first_start = start["process_start"] if first_start is None else first_start
         if previous_end is not None:
             buckets["idle"] += max(start["process_start"] - previous_end, 0.0)
+        wall += launch[-1]["time"] - start["process_start"]
         buckets["checkpoint_restore"] += start["restore_seconds"]
         buckets["startup"] += start["time"] - start["process_start"] - start["restore_seconds"]
         cycles = [e for e in launch if e["event"] == "cycle"]
@@ -170,10 +197,10 @@ def account(events):
             last = c["time"]
         buckets["other"] += launch[-1]["time"] - last  # after the last cycle: exit work
         reached = max([reached] + [c["step"] for c in cycles])
-        previous_end = last_time = launch[-1]["time"]
+        previous_end = launch[-1]["time"]
     if not launches:
         return None
-    wall = last_time - first_start
+    wall += buckets["idle"]
     return {"goodput": round(productive / wall, 4) if wall > 0 else None,
             "wall_seconds": round(wall, 3), "productive_seconds": round(productive, 3),
             "badput_seconds": {k: round(v, 3) for k, v in buckets.items()},
