@@ -3,8 +3,12 @@
 import functools
 import os
 import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The CPU peak for MFU is cached per machine (trainer/step/flops.py): the suite's, measured
+# while it runs, stays out of the user's cache (subprocesses inherit the variable).
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="tftrainer-tests-cache-")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import keras  # noqa: E402

@@ -11,13 +11,16 @@ that.
 
 Peak: per device, from the table below for known accelerators (dense, no
 sparsity), or `trainer.peak_tflops`; on a CPU, a square matmul in the run's
-compute dtype is timed once per process (all of the process's CPU devices share
-those cores, so the CPU's peak is not multiplied by the replicas).
+compute dtype, timed once per machine and kept in the user's cache (all of the
+process's CPU devices share those cores, so the CPU's peak is not multiplied by
+the replicas).
 """
 
 import functools
+import json
 import math
 import os
+import platform
 import re
 import time
 
@@ -45,9 +48,20 @@ def forward_flops(model, example_spec):
         example_spec).graph
     options = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
     options["output"] = "none"
-    counted = tf.compat.v1.profiler.profile(graph=graph, options=options).total_float_ops
+    tf_logger = tf.get_logger()
+    tf_logger.addFilter(_not_profiler_noise)
+    try:
+        counted = tf.compat.v1.profiler.profile(graph=graph, options=options).total_float_ops
+    finally:
+        tf_logger.removeFilter(_not_profiler_noise)
     return counted + sum(_einsum_flops(op) for op in graph.get_operations()
                          if op.type == "Einsum")
+
+
+def _not_profiler_noise(record):
+    """False for the deprecation warning the v1 profiler's own code logs in every run:
+    nothing a user can act on."""
+    return "tensor_shape_from_node_def_name" not in record.getMessage()
 
 
 def _einsum_flops(op):
@@ -68,20 +82,91 @@ def train_flops_per_example(task, model, example_spec):
     return 3 * forward_flops(model, example_spec), "forward graph x 3"
 
 
+def cpu_peak(dtype):
+    """(FLOP/s of a square matmul in `dtype` on this CPU, where the figure comes from).
+    Measured once per machine (CPU model, cores) and dtype, then read from
+    `$XDG_CACHE_HOME/tftrainer/cpu_peak.json` (delete it to measure again): a timing
+    in every run moved MFU 3x from run to run. A timing while other processes had
+    the CPU reads low (half, with one of two cores taken) and is not kept; a cache
+    that cannot be read or written costs a measurement, not the run."""
+    path = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                        "tftrainer", "cpu_peak.json")
+    key = f"{_cpu_name()}, {_cores()} cores, {dtype}"
+    cached = _read_peaks(path)
+    if isinstance(cached.get(key), float) and cached[key] > 0:
+        return cached[key], f"{dtype} matmul on this CPU, read from {path}"
+    peak, others = _matmul_flops(dtype)
+    if others > 0.1:
+        return peak, (f"{dtype} matmul on this CPU, measured now, not cached: other "
+                      f"processes had {others:.0%} of the CPU meanwhile")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(f"{path}.{os.getpid()}", "w") as f:  # replaced whole: no half-written cache
+            json.dump(dict(cached, **{key: peak}), f, indent=1)
+        os.replace(f"{path}.{os.getpid()}", path)
+        kept = f"cached in {path}"
+    except OSError as e:
+        kept = f"not cached: {e}"
+    return peak, f"{dtype} matmul on this CPU, measured now, {kept}"
+
+
+def _read_peaks(path):
+    """The cache's {key: FLOP/s}; {} if it is missing or unreadable."""
+    try:
+        with open(path) as f:
+            peaks = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return peaks if isinstance(peaks, dict) else {}
+
+
+def _cpu_name():
+    """The CPU's model name from /proc/cpuinfo (Linux), else the platform's."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cores():
+    """The cores this process may run on (as TensorFlow's thread pools count them)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
 @functools.lru_cache(maxsize=None)
-def measured_cpu_peak(dtype, size=1024, repeats=3):
-    """FLOP/s of a square matmul in `dtype` on this CPU: the best of a few timings."""
+def _matmul_flops(dtype, size=2048, seconds=0.5):
+    """(FLOP/s of a square matmul in `dtype`, the share of the CPU other processes had
+    meanwhile): the best of 3 to 20 timings over about `seconds`, after two calls that
+    trace and warm up (thread pools, caches, clocks), large enough that call overheads
+    do not count."""
     a = tf.cast(tf.random.stateless_normal([size, size], [0, 0]), dtype)
     matmul = tf.function(lambda x: tf.matmul(x, x))
-    matmul(a).numpy()  # trace and warm up
-    best = math.inf
-    for _ in range(repeats):
+    for _ in range(2):
+        matmul(a)[0, 0].numpy()
+    best, trials, began, cpu = math.inf, 0, time.perf_counter(), _cpu_seconds()
+    while trials < 3 or (trials < 20 and time.perf_counter() - began < seconds):
         start = time.perf_counter()
-        for _ in range(5):
-            result = matmul(a)
-        result.numpy()
-        best = min(best, (time.perf_counter() - start) / 5)
-    return 2 * size**3 / best
+        matmul(a)[0, 0].numpy()
+        best, trials = min(best, time.perf_counter() - start), trials + 1
+    used = [after - before for before, after in zip(cpu, _cpu_seconds())]
+    others = (used[0] - used[1]) / ((time.perf_counter() - began) * _cores())
+    return 2 * size**3 / best, max(others, 0.0)
+
+
+def _cpu_seconds():
+    """(CPU seconds all processes have run, this process's); all as this process's where
+    /proc/stat is missing (not Linux)."""
+    mine = time.process_time()
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(t) for t in f.readline().split()[1:9]]  # user .. steal
+    except (OSError, ValueError):
+        return mine, mine
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), mine  # not idle
 
 
 def peak_flops(strategy, compute_dtype, override_tflops=0.0):
@@ -101,7 +186,7 @@ def peak_flops(strategy, compute_dtype, override_tflops=0.0):
             return None, (f"no peak known for {name or 'this accelerator'} in {compute_dtype}; "
                           "set --config.trainer.peak_tflops (per device)")
         return peak * 1e12 * replicas, f"{kind} datasheet, {compute_dtype}"
-    return measured_cpu_peak(compute_dtype), f"measured {compute_dtype} matmul on this CPU"
+    return cpu_peak(compute_dtype)
 
 
 class Utilization:
