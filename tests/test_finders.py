@@ -154,11 +154,11 @@ class _PolicySpy:
 def test_every_batch_size_trial_runs_in_the_runs_policy_and_overrides(tmp_path):
     config = tiny_config(precision="mixed_bfloat16", **{
         "precision_overrides.float32_layers": ["seed_cnn/dense_1"],
-        "find_batch_size.steps_per_trial": 1, "find_batch_size.max_trials": 3})
+        "find_batch_size.steps_per_trial": 1, "find_batch_size.max_trials": 2})
     set_policy(config.precision, tf.distribute.get_strategy())
     spy = _PolicySpy()
     report = find_batch_size(config, tf.distribute.get_strategy(), str(tmp_path), spy)
-    assert len(spy.builds) == 3
+    assert len(spy.builds) == 2
     for layers in spy.builds:
         assert layers.pop("seed_cnn/dense_1") == "float32"
         assert set(layers.values()) == {"bfloat16"}

@@ -216,6 +216,7 @@ def fill(controller, step, logs):
 
 
 def test_a_full_disk_is_told_plainly_and_a_relaunch_after_freeing_space_finishes(tmp_path):
+    from trainer import cli
     disk = tmp_path / "disk"  # a small filesystem of its own
     disk.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)],
@@ -244,10 +245,13 @@ def test_a_full_disk_is_told_plainly_and_a_relaunch_after_freeing_space_finishes
 
         (disk / "filler").unlink()
         (workdir / "checkpoints" / "ckpt-25_temp").mkdir()  # as a kill mid-write leaves it
-        again = launch(workdir, *args)  # the shipped config: no filling action
-        assert again.returncode == 0, again.stderr[-6000:]
-        assert "Restored" in again.stderr and "ckpt-10" in again.stderr
-        assert json.load(open(workdir / "summary.json"))["steps"] == 30
+        config = tiny_config(**{  # as `args`, without the filling action, in this process
+            "model.name": "resnet", "model.width": 4, "model.blocks_per_stage": 1,
+            "trainer.train_steps": 30, "trainer.checkpoint_every": 10,
+            "trainer.eval_every": 0, "trainer.log_every": 0, "trainer.async_checkpoint": "on"})
+        cli.execute(config, str(workdir), "train_and_eval")
+        summary = json.load(open(workdir / "summary.json"))
+        assert summary["steps"] == 30 and summary["steps_this_run"] == 20  # from ckpt-10
         assert not (workdir / "checkpoints" / "ckpt-25_temp").exists()
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)

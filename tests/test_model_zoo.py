@@ -148,6 +148,8 @@ def test_auto_named_weights_have_one_name_in_every_build(tmp_path, name):
     for a, b in zip(warm.model.weights, trainer.model.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
 
+    if name != "unnamed_weights":  # the guide's layers: a relaunch in a fresh process too
+        return
     relaunch = subprocess.run([sys.executable, "-c", (
         "import sys; sys.path.insert(0, sys.argv[1]); import zoo; from conftest import build;"
         "t = build(zoo.zoo_config(sys.argv[2], **{'trainer.train_steps': 6}), sys.argv[3]);"
