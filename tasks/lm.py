@@ -197,6 +197,7 @@ class ByteLMTask(base.Task):
         # One entry per byte: Keras' Mean metrics would average each window first.
         labels, outputs = tf.reshape(labels, [-1]), tf.reshape(outputs, [-1, VOCAB])
         accuracy, scored = metrics
+        accuracy.update_state(labels, outputs)
         scored.update_state(tf.cast(tf.size(labels), tf.float32))
 
     def sample(self, model, prompt, num_bytes, temperature=1.0, top_k=0, seed=0):
