@@ -322,3 +322,14 @@ def test_a_failed_background_write_is_reported_and_the_previous_checkpoint_kept(
     trainer.checkpoints.sync()
     assert checkpoint_steps(tmp_path / "checkpoints") == [0, 2]
     assert not (tmp_path / "checkpoints" / "ckpt-1_temp").exists()
+
+
+def test_a_failed_synchronous_write_removes_what_it_wrote(tmp_path):
+    trainer = build(tiny_config(**{"trainer.async_checkpoint": "off"}), tmp_path)
+    trainer.checkpoints.save()  # ckpt-0
+    trainer.step.assign(1)
+    (tmp_path / "checkpoints" / "ckpt-1_temp").write_text("in the way")  # the write fails
+    with pytest.raises(tf.errors.OpError):
+        trainer.checkpoints.save()
+    assert not (tmp_path / "checkpoints" / "ckpt-1_temp").exists()
+    assert checkpoint_steps(tmp_path / "checkpoints") == [0]

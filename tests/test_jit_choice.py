@@ -67,6 +67,9 @@ def test_synchronized_batch_norm_turns_auto_off_and_refuses_on(tmp_path):
                                          r"all-reduce.*jit_compile=off"):
         build(zoo.zoo_config("synchronized_bn", **{"trainer.jit_compile": "on"}),
               tmp_path / "on", two_replicas())
+    one = build(zoo.zoo_config("synchronized_bn", **{"trainer.jit_compile": "on"}),
+                tmp_path / "one")  # one replica: nothing to synchronize, XLA as asked
+    assert one.jit_compile is True
 
 
 def _config(config, jit):

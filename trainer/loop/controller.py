@@ -119,7 +119,8 @@ class Controller:
                         break
                 trainer.checkpoints.sync()  # the run ends with its last checkpoint complete
             except Exception as error:  # divergence, a failed worker, a bug: still summed up
-                failure = (self._peer_failure(error) if self.multi_worker
+                failure = (self._disk_full(error) if disk_full_path(error) is not None
+                           else self._peer_failure(error) if self.multi_worker
                            and isinstance(error, tf.errors.OpError) else error)
                 # A write under way ends before the exit (the failure matters more).
                 for finish in (self.summaries.flush, trainer.checkpoints.sync):
@@ -127,8 +128,6 @@ class Controller:
                         finish()
                     except Exception as finish_error:  # noqa: BLE001
                         logging.error("%s", finish_error)
-                if disk_full_path(failure) is not None:
-                    failure = self._disk_full(failure)
                 try:
                     write_summary(self, f"{type(failure).__name__}: "
                                         f"{str(failure).strip()[:500]}")
@@ -149,7 +148,7 @@ class Controller:
         return self.last_eval
 
     def _disk_full(self, error):
-        """The DiskFull error that says what to do (a failed checkpoint write removed what
+        """The DiskFull error that says what to do (a failed checkpoint write removes what
         it had written: the space the summary needs)."""
         latest = tf.train.latest_checkpoint(self.trainer.checkpoints.directory)
         return DiskFull(

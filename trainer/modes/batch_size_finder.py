@@ -39,7 +39,7 @@ def check_find_batch_size(f):
                              f"{minimum}.")
     if f.memory_budget_gb < 0:
         raise ValueError(f"find_batch_size.memory_budget_gb={f.memory_budget_gb!r} must be "
-                         ">= 0 (0: no budget).")
+                         ">= 0 (0: none on a GPU or TPU, half the available memory on a CPU).")
 
 
 def find_batch_size(config, strategy, workdir, make_task):

@@ -10,7 +10,8 @@ suggestion is the rate where the smoothed loss falls fastest against
 log(rate), before its minimum: high enough to learn quickly, below where
 training breaks. Writes `workdir/find_lr.json`, `find_lr.png` (with
 matplotlib) and the curve in TensorBoard (`find_lr/`), prints the override;
-no checkpoint is read or written.
+no checkpoint of the workdir is read or written (`config.init` is read, and
+its table written to `init.json`, as training would).
 """
 
 import copy

@@ -42,8 +42,7 @@ def precision_check(config, strategy, workdir, make_task):
     steps = config.numerics.check_steps
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"numerics.check_steps={steps!r} must be an integer >= 1.")
-    # The mixed model is built first: its layer paths are then those of a real run
-    # (Keras numbers layer names per process), which the advice and overrides use.
+    # (Each build names its layers as a real run does: trainer/state/model_build.py.)
     reference_config = copy.deepcopy(config)
     reference_config.precision_overrides.float32_layers = ()
     trainers = {}

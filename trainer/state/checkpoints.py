@@ -72,8 +72,12 @@ class Checkpoints:
         """Saves at the current step, unless the newest checkpoint is already of it."""
         step = int(self.step.numpy())
         if step != self.saved_step:
-            self._writing = self.manager.save(checkpoint_number=self.step,
-                                              options=self.options)
+            try:
+                self._writing = self.manager.save(checkpoint_number=self.step,
+                                                  options=self.options)
+            except Exception:  # what the failed write holds (a full disk)
+                _remove(os.path.join(self.manager.directory, f"ckpt-{step}_temp"))
+                raise
             self.saved_step = step
             if not self.is_chief:
                 self.manager.sync()

@@ -15,7 +15,7 @@ variable roles look at its variables.
 import keras
 import tensorflow as tf
 
-from trainer.runtime.keras_internals import fresh_name_counters, sublayers
+from trainer.runtime.keras_internals import fresh_name_counters
 
 
 def build_model(task):
@@ -26,7 +26,7 @@ def build_model(task):
         if not isinstance(model, keras.Model):
             raise TypeError(f"{type(task).__name__}.build_model() returned "
                             f"{type(model).__name__}, not a keras.Model.")
-        if not all(layer.built for layer in [model, *sublayers(model)]) or not model.variables:
+        if not model.built or not model.variables:
             _build_on_inputs(model, task)
     return model
 

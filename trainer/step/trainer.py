@@ -137,7 +137,8 @@ class Trainer:
             dict(loss_scale=self.loss_scale, step=self.step),
             os.path.join(workdir, "checkpoints"), self.step, config.trainer.max_to_keep,
             self.is_chief, async_save=async_checkpoint(config.trainer, strategy))
-        jit = jit_setting(config.trainer, strategy, synchronizing_layers(layers_of(self.model)))
+        jit = jit_setting(config.trainer, strategy, synchronizing_layers(layers_of(self.model))
+                          if replicas > 1 else [])  # (one replica: an identity all-reduce)
         self.use_jit(jit is True)
         self.jit_compile = jit  # "auto": the Controller settles it before training
         self._eval_dataset = None  # built on the first evaluation, reused after
