@@ -110,8 +110,8 @@ class LogTrain(Action):
             **{f"time/{k}": v for k, v in shares.items()}}, step)
         bound = bottleneck(shares)
         logs.update({f"train/{k}": v for k, v in scalars.items()})
-        metrics = with_metrics_of_loss(
-            trainer.task, {m.name: results[m.name] for m in trainer.train_metrics})
+        shown = {m.name for m in trainer.train_metrics} | set(trainer.task.metrics_of_loss())
+        metrics = {k: v for k, v in results.items() if k in shown}  # derived already
         eta = (trainer.train_steps - step) / max(steps_per_sec, 1e-9)
         logging.info("step %d/%d: %s | %.0f ex/s%s, %.2f steps/s, ETA %s%s", step,
                      trainer.train_steps, format_metrics(metrics), examples_per_sec, tokens,

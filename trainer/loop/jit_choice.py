@@ -60,8 +60,7 @@ def _seconds_per_call(trainer, xla):
         lambda context: trainer.task.build_inputs("train", context, 0))
     features, labels = next(iter(micro_batches))
     saved = [v.numpy() for v in trainer.model.variables]
-    passes = (tf.function(trainer._forward_backward, jit_compile=True) if xla  # as use_jit
-              else trainer._forward_backward)
+    passes = trainer.forward_backward(xla)  # as the train step will run it
     run = tf.function(lambda f, l: strategy.run(  # as train_step calls it, per replica
         lambda *batch: passes(*batch, tf.constant(False))[1], args=(f, l)))
     try:

@@ -316,9 +316,13 @@ class Trainer:
         the step itself: a layer that all-reduces in its forward pass (synchronized
         BatchNormalization) cannot do so inside a nested tf.function."""
         self.jit_compile = xla
-        self._compute_gradients = (tf.function(self._forward_backward, jit_compile=True)
-                                   if xla else self._forward_backward)
+        self._compute_gradients = self.forward_backward(xla)
         self.train_loop = tf.function(self._train_loop_fn)
+
+    def forward_backward(self, xla):
+        """The forward and backward pass, compiled by XLA or to be traced into its caller."""
+        return tf.function(self._forward_backward, jit_compile=True) if xla \
+            else self._forward_backward
 
     def train(self, evaluate=True, actions=()):
         """A convenience for `trainer.assemble.train(self, evaluate, actions)`: trains to
