@@ -28,4 +28,4 @@ def get_task(config):
     return _REGISTRY[name](config)
 
 
-from tasks import cifar10, lm  # noqa: E402,F401  (register their tasks)
+from tasks import cifar10, images, lm  # noqa: E402,F401  (register their tasks)

@@ -12,10 +12,10 @@ MEAN = (0.4914 * 255, 0.4822 * 255, 0.4465 * 255)
 STD = (0.2470 * 255, 0.2435 * 255, 0.2616 * 255)
 
 
-def seed_cnn(m=None, num_classes=10):
+def seed_cnn(m=None, num_classes=10, image_size=32):
     """Exactly the CNN of the TensorFlow mixed-precision tutorial."""
     return keras.Sequential([
-        keras.Input((32, 32, 3)),
+        keras.Input((image_size, image_size, 3)),
         keras.layers.Conv2D(64, 3, activation="relu"),
         keras.layers.MaxPooling2D(),
         keras.layers.Flatten(),
@@ -24,7 +24,7 @@ def seed_cnn(m=None, num_classes=10):
     ], name="seed_cnn")
 
 
-def resnet(m, num_classes=10):
+def resnet(m, num_classes=10, image_size=32):
     """ResNet-20 style (He et al. 2016, CIFAR variant): 3 stages of `m.blocks_per_stage`
     basic blocks, widths m.width*(1, 2, 4). ~91% on CIFAR-10 with SGD+momentum, cosine LR,
     180 epochs."""
@@ -44,7 +44,7 @@ def resnet(m, num_classes=10):
             shortcut = keras.layers.BatchNormalization()(conv(filters, strides, 1)(shortcut))
         return keras.layers.ReLU()(keras.layers.Add()([y, shortcut]))
 
-    inputs = keras.Input((32, 32, 3))
+    inputs = keras.Input((image_size, image_size, 3))
     x = keras.layers.ReLU()(keras.layers.BatchNormalization()(conv(width)(inputs)))
     for stage in range(3):
         for i in range(blocks_per_stage):
@@ -58,7 +58,7 @@ MODELS = {"seed_cnn": seed_cnn, "resnet": resnet, "vit": vit}
 
 
 def random_crop_and_flip(images, seed):
-    """Pad-4 random crop and horizontal flip of a batch [B, 32, 32, C], vectorized.
+    """Pad-4 random crop and horizontal flip of a batch [B, H, W, C], vectorized.
 
     Two batched gathers with per-image row and column indices (the flip is a
     reversed column order; indices into the zero padding read zeros), on the
@@ -66,14 +66,14 @@ def random_crop_and_flip(images, seed):
     pipeline keeps up with the step on 2 CPU cores. Stateless: `seed` [2]
     fixes the result.
     """
-    batch = tf.shape(images)[0]
+    batch, height, width = tf.shape(images)[0], images.shape[1], images.shape[2]
     crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     padded = tf.pad(images, [[0, 0], [4, 4], [4, 4], [0, 0]])
     corner = tf.random.stateless_uniform([batch, 2], crop_seed, 0, 9, dtype=tf.int32)
-    offsets = tf.range(32)[tf.newaxis]
-    rows = corner[:, :1] + offsets
+    rows = corner[:, :1] + tf.range(height)[tf.newaxis]
+    offsets = tf.range(width)[tf.newaxis]
     flip = tf.random.stateless_uniform([batch, 1], flip_seed) < 0.5
-    cols = corner[:, 1:] + tf.where(flip, 31 - offsets, offsets)
+    cols = corner[:, 1:] + tf.where(flip, width - 1 - offsets, offsets)
     crops = tf.gather(padded, rows, axis=1, batch_dims=1)
     return tf.gather(crops, cols, axis=2, batch_dims=1)
 

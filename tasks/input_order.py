@@ -16,6 +16,14 @@ def step_indexed_batches(num_examples, batch_size, input_context, start_step, se
     iterator state to checkpoint, and the examples do not depend on how the
     stream is cut into batches or across replicas.
     """
+    return step_indexed_indices(num_examples, batch_size, input_context, start_step,
+                                seed).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def step_indexed_indices(num_examples, batch_size, input_context, start_step, seed):
+    """(indices [batch_size] int64, g) of this pipeline's replica batches from
+    `start_step`: the order `step_indexed_batches` reads, for pipelines that read and
+    decode example by example between the indices and the batch (tasks/images.py)."""
     if batch_size > num_examples:
         raise ValueError(f"A replica batch of {batch_size} is more than the "
                          f"{num_examples} training examples.")
@@ -32,8 +40,7 @@ def step_indexed_batches(num_examples, batch_size, input_context, start_step, se
         idx = g * batch_size + tf.range(batch_size, dtype=tf.int64)
         epoch, pos = idx // num_examples, idx % num_examples
         first = epoch[0]  # a batch spans at most two epochs (batch_size <= num_examples)
-        indices = tf.where(epoch == first, shuffled(pos, first), shuffled(pos, first + 1))
-        return make_batch(indices, g)
+        return tf.where(epoch == first, shuffled(pos, first), shuffled(pos, first + 1)), g
 
     start = start_step * replicas_per_pipeline
     return tf.data.Dataset.range(start, 2**62).map(batch, num_parallel_calls=tf.data.AUTOTUNE)

@@ -1,4 +1,4 @@
-"""Vision Transformer for 32x32 images, built from the LM's encoder Block (not causal)."""
+"""Vision Transformer for square images, built from the LM's encoder Block (not causal)."""
 
 import keras
 import tensorflow as tf
@@ -52,9 +52,9 @@ def vit_train_flops(m, num_classes=10, image_size=32):
             + 6 * m.d_model * num_classes)
 
 
-def vit(m, num_classes=10):
+def vit(m, num_classes=10, image_size=32):
     """`m` is `config.model` (patch_size, num_layers, d_model, num_heads, mlp_dim, ...)."""
-    model = ViT(32, m.patch_size, m.num_layers, m.d_model, m.num_heads, m.mlp_dim,
+    model = ViT(image_size, m.patch_size, m.num_layers, m.d_model, m.num_heads, m.mlp_dim,
                 m.dropout, m.pool, m.remat, num_classes)
-    model(tf.zeros((1, 32, 32, 3)))
+    model(tf.zeros((1, image_size, image_size, 3)))
     return model
