@@ -31,12 +31,14 @@ TFDS_KEYS = ("image", "label")
 class Source:
     """One split. `read(indices)` -> (encoded image bytes or file paths [B] tf.string,
     int64 labels [B], names [B] for messages); `paths_only`: the first are file paths,
-    read example by example where they are decoded."""
+    read example by example where they are decoded; `python_reads`: `read` calls
+    Python (tf.numpy_function)."""
     size: int
     read: object
     description: str
     class_names: tuple = ()
     paths_only: bool = False
+    python_reads: bool = False
 
 
 def open_source(data, split, class_names=()):
@@ -187,7 +189,7 @@ def tfrecords(paths, keys, description):
                                  tf.strings.as_string(tf.gather(record_numbers, indices))])
         return parsed[keys[0]], parsed[keys[1]], names
 
-    return Source(len(files), read, description)
+    return Source(len(files), read, description, python_reads=True)
 
 
 def check_keys(path, keys):
@@ -259,4 +261,4 @@ def _data_source(tfds, data, split, keys, description, class_names):
         names = tf.strings.join([name, " example ", tf.strings.as_string(indices)])
         return images, labels, names
 
-    return Source(len(source), read, description, class_names)
+    return Source(len(source), read, description, class_names, python_reads=True)

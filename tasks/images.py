@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tasks import cifar10, image_sources, register
+from tasks import cifar10, data_service, image_sources, register
 from tasks.input_order import step_indexed_indices
 from tasks.vit import vit_train_flops
 
@@ -186,9 +186,9 @@ class ImagesTask(cifar10.Cifar10Task):
         if split in self.data.arrays:
             images, labels = self.data.arrays[split]
             if split == "train":
-                return cifar10.train_batches(
+                return self._served(cifar10.train_batches(
                     images, labels, batch_size, input_context, start_step, self.config.seed,
-                    c.augment, c.normalization).prefetch(AUTOTUNE)
+                    c.augment, c.normalization)).prefetch(AUTOTUNE)
             ds = tf.data.Dataset.from_tensor_slices((images, labels))
             ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
             return ds.batch(batch_size).map(
@@ -227,8 +227,21 @@ class ImagesTask(cifar10.Cifar10Task):
             return cifar10.normalize_fused(images, c.normalization), labels
 
         ds = ds.map(read, AUTOTUNE).unbatch().map(load, AUTOTUNE)
-        return ds.batch(batch_size, drop_remainder=split == "train").map(
-            finish, AUTOTUNE).prefetch(AUTOTUNE)
+        ds = ds.batch(batch_size, drop_remainder=split == "train").map(finish, AUTOTUNE)
+        return (self._served(ds) if split == "train" else ds).prefetch(AUTOTUNE)
+
+    def _served(self, train_batches):
+        """Through the tf.data service if data.service is set (tasks/data_service.py)."""
+        c = self.config.data
+        if not c.service:
+            return train_batches
+        if self.data.train.python_reads and c.service != "local" and not c.cache:
+            raise ValueError(
+                f"data.service={c.service!r} runs the input pipeline on other machines, "
+                f"but {self.data.train.description} is read by Python code, which a "
+                "pipeline sent to them cannot hold; use data.format=folder, "
+                "data.cache=True, or data.service=local.")
+        return data_service.distribute(train_batches, c)
 
     def serving_input(self):
         """uint8 images of any size, resized as in training."""
