@@ -78,7 +78,7 @@ class ImageData:
         self.train = image_sources.open_source(data, "train")
         self.eval = image_sources.open_source(data, "eval", self.train.class_names)
         self.num_classes = self._num_classes()
-        self.skipped = []
+        self.skipped = {"train": [], "eval": []}  # unreadable files left out (skip_bad)
         self.kept = {split: np.arange(source.size) for split, source in self.splits()}
         self.arrays = {}
         if data.skip_bad or data.cache:
@@ -139,13 +139,15 @@ class ImageData:
             names = [n.decode() for n in names.numpy()]
             logging.warning("data.skip_bad: skipping %d unreadable %s example(s): %s",
                             len(bad), split, "; ".join(names))
-            self.skipped += names
+            self.skipped[split] = names
         self.kept[split] = kept
         if self.config.cache:
             self.arrays[split] = (np.concatenate(images), np.concatenate(labels))
 
     def describe(self):
-        skipped = f", {len(self.skipped)} unreadable skipped" if self.skipped else ""
+        skipped = ", ".join(f"{len(names)} unreadable {split} file(s) skipped"
+                            for split, names in self.skipped.items() if names)
+        skipped = f", {skipped}" if skipped else ""
         cached = ", decoded into memory (data.cache)" if self.config.cache else ""
         return (f"{self.train.description} ({len(self.kept['train'])} train) and "
                 f"{self.eval.description} ({len(self.kept['eval'])} eval), "

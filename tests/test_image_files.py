@@ -2,6 +2,7 @@
 order (exact resume, shares per input pipeline, any topology), and bad input named."""
 
 import hashlib
+import io
 import os
 import subprocess
 import sys
@@ -106,3 +107,114 @@ def test_train_stream_resumes_at_the_step_and_splits_across_pipelines(digits_fil
         np.testing.assert_array_equal(a[0], b[0])
     first_epoch = [np.concatenate([b[i] for b in one])[:1697] for i in range(2)]
     assert examples(*first_epoch) == digits_examples(slice(0, -100))
+
+
+def encode(array, fmt):
+    """An image file's bytes in `fmt` (PIL: GIF and BMP, which TensorFlow cannot write)."""
+    from PIL import Image
+    out = io.BytesIO()
+    Image.fromarray(array.squeeze()).save(out, format=fmt)
+    return out.getvalue()
+
+
+def test_odd_folders_ignore_what_is_not_an_image_and_read_every_image_kind(tmp_path, caplog):
+    rng = np.random.default_rng(0)
+    files = {"gray/a.png": tf.io.encode_png(rng.integers(0, 255, (5, 7, 1), np.uint8)),
+             "rgba/b.PNG": tf.io.encode_png(rng.integers(0, 255, (9, 9, 4), np.uint8)),
+             "rgb/c.jpg": tf.io.encode_jpeg(rng.integers(0, 255, (12, 6, 3), np.uint8)),
+             "rgb/d.gif": encode(rng.integers(0, 255, (4, 4), np.uint8), "GIF"),
+             "rgb/e.bmp": encode(rng.integers(0, 255, (6, 3, 3), np.uint8), "BMP"),
+             "rgb/.DS_Store": b"\0\1", "rgb/README.txt": b"notes", "notes.txt": b"x"}
+    for split in ("train", "eval"):
+        for name, data in files.items():
+            path = tmp_path / split / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data.numpy() if tf.is_tensor(data) else data)
+    (tmp_path / "train" / "empty").mkdir()
+    caplog.set_level("WARNING")
+    task = tasks.get_task(files_config(dict(format="folder", train=str(tmp_path / "train"),
+                                            eval=str(tmp_path / "eval")),
+                                       **{"data.global_batch_size": 5}))
+    assert task.data.num_classes == 3 and task.data.train.class_names == ("gray", "rgb", "rgba")
+    log = caplog.text
+    assert "3 file(s) that are not images" in log and "rgb/.DS_Store" in log
+    assert "without images are ignored: empty" in log
+    x, y = next(iter(task.build_inputs("train", context())))
+    assert x.shape == (5, 8, 8, 3) and sorted(y.numpy()) == [0, 1, 1, 1, 2]
+
+
+def folder_with(tmp_path, bad):
+    """The first 60 digits as a class folder, plus `bad` {name in class digit_1: bytes}."""
+    x, y = image_data.digits(60)
+    root = image_data.write_folder(tmp_path / "train", x, y)
+    for name, data in bad.items():
+        (tmp_path / "train" / "digit_1" / name).write_bytes(data)
+    return dict(format="folder", train=root, eval=root)
+
+
+BAD = {"truncated.png": lambda good: good[:len(good) // 2],
+       "empty.png": lambda good: b"",
+       "text.jpg": lambda good: b"this is no image"}
+
+
+def test_an_unreadable_image_stops_the_run_naming_the_file(tmp_path):
+    good = open(image_data.write_folder(tmp_path / "one", *image_data.digits(1))
+                + "/digit_0/00000.png", "rb").read()
+    data = folder_with(tmp_path, {"truncated.png": BAD["truncated.png"](good)})
+    task = tasks.get_task(files_config(data, **{"data.global_batch_size": 61}))
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        next(iter(task.build_inputs("train", context())))
+    assert "digit_1/truncated.png" in str(e.value) and "data.skip_bad=True" in str(e.value)
+
+
+def test_skip_bad_leaves_out_the_same_files_on_every_launch(tmp_path, caplog):
+    good = open(image_data.write_folder(tmp_path / "one", *image_data.digits(1))
+                + "/digit_0/00000.png", "rb").read()
+    bad = {name: make(good) for name, make in BAD.items()}
+    flipped = bytearray(good)  # whole framing, corrupt data: only the decoder can tell
+    flipped[len(good) // 2] ^= 0xFF
+    bad["flipped.png"] = bytes(flipped)
+    data = folder_with(tmp_path, bad)
+    caplog.set_level("WARNING")
+    config = files_config(data, **{"data.skip_bad": True, "data.global_batch_size": 8})
+    first, second = tasks.get_task(config), tasks.get_task(config)
+    assert len(first.data.kept["train"]) == 60 == len(second.data.kept["train"])
+    assert first.data.skipped["train"] == sorted(
+        os.path.join(data["train"], "digit_1", n) for n in bad)
+    assert "4 unreadable train example(s)" in caplog.text and "flipped.png" in caplog.text
+    assert "4 unreadable train file(s) skipped, 4 unreadable eval" in first.describe_data()
+    a = list(first.build_inputs("train", context(), 3).take(8).as_numpy_iterator())
+    b = list(second.build_inputs("train", context(), 3).take(8).as_numpy_iterator())
+    for (xa, ya), (xb, yb) in zip(a, b):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+
+
+def test_bad_data_configs_are_named(tmp_path, digits_files):
+    x, y = image_data.digits(20)
+    odd_keys = image_data.write_tfrecords(tmp_path / "odd" / "r", x, y, shards=1,
+                                          keys=("jpeg", "class"))
+    with pytest.raises(ValueError, match=r"has no feature \['image/encoded', "
+                       r"'image/class/label'\] \(its records have \['class', 'jpeg'\]\)"):
+        tasks.get_task(files_config(dict(format="tfrecord", train=odd_keys, eval=odd_keys,
+                                         num_classes=10))).data
+    ok = tasks.get_task(files_config(dict(format="tfrecord", train=odd_keys, eval=odd_keys,
+                                          num_classes=10, image_key="jpeg",
+                                          label_key="class")))
+    assert ok.data.train.size == 20
+    narrow = tasks.get_task(files_config(dict(format="tfrecord", train=odd_keys,
+                                              eval=odd_keys, num_classes=5, image_key="jpeg",
+                                              label_key="class"),
+                                         **{"data.global_batch_size": 20}))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"Labels outside \[0, 5\)[\s\S]*r-00000-of-00001 record"):
+        next(iter(narrow.build_inputs("train", context())))
+    image_data.write_folder(tmp_path / "train", x[y < 5], y[y < 5])
+    image_data.write_folder(tmp_path / "eval", x, y)
+    with pytest.raises(ValueError, match=r"class folder\(s\) \['digit_5', 'digit_6'"):
+        tasks.get_task(files_config(dict(format="folder", train=str(tmp_path / "train"),
+                                         eval=str(tmp_path / "eval")))).data
+    with pytest.raises(ValueError, match="set --config.data.num_classes="):
+        tasks.get_task(files_config(dict(digits_files["tfrecord"], num_classes=0))).data
+    with pytest.raises(ValueError, match=r"data.train is empty: set --config.data.train="):
+        tasks.get_task(files_config(dict(format="folder"))).data
