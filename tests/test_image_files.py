@@ -3,6 +3,7 @@ order (exact resume, shares per input pipeline, any topology), and bad input nam
 
 import hashlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -218,3 +219,126 @@ def test_bad_data_configs_are_named(tmp_path, digits_files):
         tasks.get_task(files_config(dict(digits_files["tfrecord"], num_classes=0))).data
     with pytest.raises(ValueError, match=r"data.train is empty: set --config.data.train="):
         tasks.get_task(files_config(dict(format="folder"))).data
+
+
+def test_sigkill_and_relaunch_on_tfrecords_ends_bitwise_equal(tmp_path, digits_files):
+    data = digits_files["tfrecord"]
+    args = [sys.executable, "launch.py", "--config=configs/images.py", "--mode=train",
+            f"--config.data.train={data['train']}", f"--config.data.eval={data['eval']}",
+            "--config.data.format=tfrecord", "--config.data.num_classes=10",
+            "--config.data.image_size=8", "--config.data.global_batch_size=16",
+            "--config.model.width=4", "--config.model.blocks_per_stage=1",
+            "--config.precision=float32", "--config.distribution.strategy=default",
+            "--config.optimizer.warmup_steps=5", "--config.trainer.steps_per_loop=5",
+            "--config.trainer.log_every=5", "--config.trainer.checkpoint_every=10",
+            "--config.trainer.train_steps=30", "--config.trainer.deterministic=True",
+            "--config.trainer.jit_compile=off"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    whole = subprocess.Popen(args + [f"--workdir={tmp_path / 'whole'}"], cwd=ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    killed = subprocess.Popen(args + [f"--workdir={tmp_path / 'killed'}"], cwd=ROOT, env=env,
+                              stderr=subprocess.PIPE, text=True)
+    for line in killed.stderr:
+        if "step 15/30" in line:
+            break
+    deadline = time.monotonic() + 60
+    while 10 not in checkpoint_steps(tmp_path / "killed" / "checkpoints"):
+        assert time.monotonic() < deadline, "ckpt-10 never completed"
+        time.sleep(0.05)
+    killed.kill()
+    killed.wait(timeout=60)
+    whole_log = whole.communicate(timeout=300)[1]
+    assert whole.returncode == 0, whole_log[-2000:]
+    resumed = subprocess.run(args + [f"--workdir={tmp_path / 'killed'}"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Restored" in resumed.stderr and "step 30/30" in resumed.stderr
+    a = tf.train.load_checkpoint(str(tmp_path / "whole" / "checkpoints" / "ckpt-30"))
+    b = tf.train.load_checkpoint(str(tmp_path / "killed" / "checkpoints" / "ckpt-30"))
+    names = list(a.get_variable_to_shape_map())
+    assert len(names) > 10
+    for name in names:
+        np.testing.assert_array_equal(a.get_tensor(name), b.get_tensor(name), err_msg=name)
+
+
+def weights(trainer):
+    return np.concatenate([w.numpy().ravel() for w in trainer.model.weights])
+
+
+def test_a_relaunch_on_another_topology_trains_on_the_same_examples(tmp_path, digits_files):
+    """2 replicas to step 10, then 1 replica to 20: as close to a 1-replica run as
+    reduction order allows, far closer than a run with another seed."""
+    data = digits_files["folder"]
+    build(files_config(data, **{"trainer.train_steps": 10}), tmp_path / "moved",
+          two_replicas()).train(evaluate=False)
+    moved = build(files_config(data), tmp_path / "moved")
+    moved.train(evaluate=False)
+    whole = build(files_config(data), tmp_path / "whole")
+    whole.train(evaluate=False)
+    other = build(files_config(data, seed=1), tmp_path / "other")
+    other.train(evaluate=False)
+    assert int(moved.step.numpy()) == 20
+    reduction_noise = np.abs(weights(moved) - weights(whole)).max()
+    another_seed = np.abs(weights(other) - weights(whole)).max()
+    assert reduction_noise < 1e-4 < another_seed / 100, (reduction_noise, another_seed)
+
+
+def test_the_local_tf_data_service_trains_and_reads_each_batch_once(tmp_path,
+                                                                   digits_files):
+    config = files_config(digits_files["folder"], **{"data.service": "local",
+                                                     "data.service_workers": 2})
+    trainer = build(config, tmp_path)
+    trainer.train(evaluate=False)
+    assert int(trainer.step.numpy()) == 20
+    plain = tasks.get_task(files_config(digits_files["folder"]))
+    expected = [fingerprints(x) for x, _ in plain.build_inputs("train", context()).take(
+        140).as_numpy_iterator()]
+    served = [fingerprints(x) for x, _ in trainer.task.build_inputs(
+        "train", context()).take(100).as_numpy_iterator()]
+    # Each served batch is one batch of the stream, none twice: one epoch (53 batches of
+    # 32 of 1697) holds every example once, as without the service.
+    assert all(batch in expected for batch in served)
+    assert len({tuple(b) for b in served}) == 100
+
+
+def test_two_workers_read_what_one_process_reads_and_a_single_process_resumes(
+        tmp_path, digits_files):
+    """2-process MultiWorkerMirrored (1 replica each) to step 10: at each step the two
+    workers' batches are one process's global batch; then one process resumes their
+    checkpoint to step 20, as close to an uninterrupted run as reduction order allows."""
+    from benchmarks.faults import free_ports
+    data_dir = os.path.dirname(digits_files["folder"]["train"])
+    cluster = {"worker": [f"localhost:{p}" for p in free_ports(2)]}
+    procs = []
+    for i in range(2):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": i}}))
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "tests", "multi_worker_files_main.py"),
+             data_dir, str(tmp_path / "workers"), str(tmp_path / f"worker{i}.npz")],
+            env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"w{i}.log", "w")))
+    try:
+        codes = [p.wait(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert codes == [0, 0], open(tmp_path / "w0.log").read()[-3000:]
+    workers = [np.load(tmp_path / f"worker{i}.npz") for i in range(2)]
+    task = tasks.get_task(files_config(digits_files["folder"]))
+    one = list(task.build_inputs("train", context()).take(6).as_numpy_iterator())
+    for k, (x, y) in enumerate(one):
+        np.testing.assert_array_equal(
+            x, np.concatenate([w["images"][k] for w in workers]))
+        np.testing.assert_array_equal(y, np.concatenate([w["labels"][k] for w in workers]))
+    np.testing.assert_array_equal(workers[0]["weights"], workers[1]["weights"])
+
+    resumed = build(files_config(digits_files["folder"]), tmp_path / "workers")
+    resumed.train(evaluate=False)
+    whole = build(files_config(digits_files["folder"]), tmp_path / "whole")
+    whole.train(evaluate=False)
+    other = build(files_config(digits_files["folder"], seed=1), tmp_path / "other")
+    other.train(evaluate=False)
+    reduction_noise = np.abs(weights(resumed) - weights(whole)).max()
+    another_seed = np.abs(weights(other) - weights(whole)).max()
+    assert reduction_noise < 1e-4 < another_seed / 100, (reduction_noise, another_seed)
