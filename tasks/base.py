@@ -90,6 +90,12 @@ class Task(abc.ABC):
         or None."""
         return None
 
+    def input_remedy(self):
+        """What to change when the log says the run is input-bound (waiting on data)."""
+        return ("more parallel work in build_inputs (map with num_parallel_calls=AUTOTUNE), "
+                "cache() what does not change between epochs, or the tf.data service "
+                "(BUILD.md, 'Input pipelines')")
+
     def describe_data(self):
         """One line saying where the data came from, for logs and the final summary."""
         return "unknown"

@@ -172,6 +172,12 @@ class Cifar10Task(base.Task):
                                           num_parallel_calls=tf.data.AUTOTUNE)
         return ds.prefetch(tf.data.AUTOTUNE)
 
+    def input_remedy(self):
+        if self.config.data.augment:
+            return ("batches are gathered from memory; augmentation is the input work left: "
+                    "data.augment=False, or more cores for the input pipeline")
+        return "batches are gathered from memory: more cores for the input pipeline"
+
     def display_images(self, features):
         shift, scale = NORMALIZATIONS[self.config.data.normalization]
         return tf.clip_by_value((features * scale + shift) / 255.0, 0.0, 1.0)

@@ -14,8 +14,11 @@ from absl import logging
 from tasks import cifar10, data_service, image_sources, register
 from tasks.input_order import step_indexed_indices
 from tasks.vit import vit_train_flops
+from trainer.runtime.host import available_memory_bytes
 
 AUTOTUNE = tf.data.AUTOTUNE
+
+
 # The bytes that open and close a whole file of each format: a file that is empty,
 # truncated or not an image fails this check and is named, instead of failing in the
 # decoder with a message that names no file.
@@ -244,6 +247,20 @@ class ImagesTask(cifar10.Cifar10Task):
                 "pipeline sent to them cannot hold; use data.format=folder, "
                 "data.cache=True, or data.service=local.")
         return data_service.distribute(train_batches, c)
+
+    def input_remedy(self):
+        """Decoding is the input work: cache it if it fits, else move it elsewhere."""
+        c = self.config.data
+        if c.service:
+            return ("more tf.data service workers (data.service_workers, or workers on "
+                    "other machines for data.service=grpc://...)")
+        if c.cache:
+            return cifar10.Cifar10Task.input_remedy(self)
+        gigabytes = len(self.data.kept["train"]) * c.image_size**2 * 3 / 1e9
+        if gigabytes < 0.25 * (available_memory_bytes() or 0) / 1e9:
+            return f"data.cache=True decodes every image once into memory ({gigabytes:.2g} GB)"
+        return ("data.service=grpc://host:port decodes on other machines (BUILD.md, 'Input "
+                f"pipelines'); the decoded images ({gigabytes:.0f} GB) are too many to cache")
 
     def serving_input(self):
         """uint8 images of any size, resized as in training."""

@@ -172,11 +172,11 @@ def test_find_batch_size_on_a_cpu_keeps_within_half_the_available_memory(tmp_pat
                             "find_batch_size.max_trials": 1})
     report = find_batch_size(config, tf.distribute.get_strategy(), str(tmp_path / "a"),
                              tasks.get_task)
-    available = batch_size_finder._available_bytes()
+    available = batch_size_finder.available_memory_bytes()
     assert report["memory_budget_gb"] == pytest.approx(available / 2 / 2**30, rel=0.1)
     assert "half of the" in report["memory_budget"]
     # a machine with 64 KB available: the first trial's peak passes the budget
-    monkeypatch.setattr(batch_size_finder, "_available_bytes", lambda: 2**16)
+    monkeypatch.setattr(batch_size_finder, "available_memory_bytes", lambda: 2**16)
     with pytest.raises(RuntimeError, match=r"peak memory .* > find_batch_size."
                                            r"memory_budget_gb=3.05e-05"):
         find_batch_size(config, tf.distribute.get_strategy(), str(tmp_path / "b"),

@@ -168,6 +168,7 @@ def test_an_input_bound_run_is_named_in_the_log_and_the_breakdown(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     line = next(l for l in run.stderr.splitlines() if "step 30/30" in l)
     assert "input-bound: " in line and "% waiting on data" in line
+    assert "(remedy: batches are gathered from memory" in line  # the task's own remedy
     last = {tag[5:]: values[-1] for tag, values in scalars(tmp_path, "train").items()
             if tag.startswith("time/")}  # the interval 20..30, compiled long before
     assert {step for step, _ in last.values()} == {30}

@@ -342,3 +342,32 @@ def test_two_workers_read_what_one_process_reads_and_a_single_process_resumes(
     reduction_noise = np.abs(weights(resumed) - weights(whole)).max()
     another_seed = np.abs(weights(other) - weights(whole)).max()
     assert reduction_noise < 1e-4 < another_seed / 100, (reduction_noise, another_seed)
+
+
+def test_an_input_bound_run_is_told_the_remedy_that_fits(digits_files, monkeypatch):
+    from tasks import images as images_task
+    data = digits_files["folder"]
+    assert "data.cache=True decodes every image once" in tasks.get_task(
+        files_config(data)).input_remedy()
+    monkeypatch.setattr(images_task, "available_memory_bytes", lambda: 10**3)
+    assert "data.service=grpc://host:port decodes on other machines" in tasks.get_task(
+        files_config(data)).input_remedy()
+    assert "more tf.data service workers" in tasks.get_task(
+        files_config(data, **{"data.service": "local"})).input_remedy()
+    assert "from memory" in tasks.get_task(
+        files_config(data, **{"data.cache": True})).input_remedy()
+
+
+@pytest.mark.parametrize("fmt", ["folder", "tfds_array_record"])
+def test_cache_reads_the_same_batches_from_memory(digits_files, fmt):
+    config = files_config(digits_files[fmt], **{"data.augment": True})
+    decoded = tasks.get_task(config)
+    cached = tasks.get_task(override(config.copy_and_resolve_references(),
+                                     **{"data.cache": True}))
+    assert cached.data.arrays["train"][0].shape == (1697, 8, 8, 3)
+    for split, start in (("train", 5), ("eval", 0)):
+        a = list(decoded.build_inputs(split, context(), start).take(8).as_numpy_iterator())
+        b = list(cached.build_inputs(split, context(), start).take(8).as_numpy_iterator())
+        for (xa, ya), (xb, yb) in zip(a, b):
+            np.testing.assert_array_equal(xa, xb)
+            np.testing.assert_array_equal(ya, yb)

@@ -108,7 +108,7 @@ class LogTrain(Action):
             **{k: v for k, v in scalars.items()
                if not (trainer.per_step_summaries and k in trainer.PER_STEP_SCALARS)},
             **{f"time/{k}": v for k, v in shares.items()}}, step)
-        bound = bottleneck(shares)
+        bound = bottleneck(shares, trainer.task.input_remedy())
         logs.update({f"train/{k}": v for k, v in scalars.items()})
         shown = {m.name for m in trainer.train_metrics} | set(trainer.task.metrics_of_loss())
         metrics = {k: v for k, v in results.items() if k in shown}  # derived already

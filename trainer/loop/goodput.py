@@ -244,11 +244,14 @@ _BOUND = {"input_wait": "input-bound: {:.0%} waiting on data",
           "eval": "eval-bound: {:.0%} evaluating"}
 
 
-def bottleneck(fractions):
-    """"input-bound: 41% waiting on data" when the largest share is not the compiled
-    step, else ""."""
+def bottleneck(fractions, input_remedy=""):
+    """"input-bound: 41% waiting on data (remedy: ...)" when the largest share is not the
+    compiled step, else ""; `input_remedy` is the task's (Task.input_remedy)."""
     largest = max(fractions, key=fractions.get)
-    return "" if largest == "step" else _BOUND[largest].format(fractions[largest])
+    if largest == "step":
+        return ""
+    remedy = f" (remedy: {input_remedy})" if largest == "input_wait" and input_remedy else ""
+    return _BOUND[largest].format(fractions[largest]) + remedy
 
 
 def log_table(report):

@@ -26,6 +26,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer.runtime.distribute import is_chief
+from trainer.runtime.host import available_memory_bytes
 from trainer.state.workdir import ChiefFiles
 from trainer.step.trainer import Trainer
 
@@ -99,7 +100,7 @@ def memory_budget(configured_gb, strategy):
     if tf.config.list_physical_devices("GPU") or isinstance(strategy,
                                                             tf.distribute.TPUStrategy):
         return 0.0, "none (the device's own memory bounds it)"
-    available = _available_bytes()
+    available = available_memory_bytes()
     if available is None:
         raise ValueError("find_batch_size on a CPU needs a memory budget, and the memory "
                          "available here is unknown: set --config.find_batch_size."
@@ -108,16 +109,6 @@ def memory_budget(configured_gb, strategy):
     return budget, (f"{budget:.3g} GB, half of the {available / 2**30:.3g} GB available at start "
                     "(a CPU has no out-of-memory error; set find_batch_size.memory_budget_gb "
                     "to change it)")
-
-
-def _available_bytes():
-    """The memory the kernel could give this process now (Linux MemAvailable), or None."""
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f)
-        return int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
 
 
 def _predicted_past_budget(trials, good, batch, budget_gb):
