@@ -7,6 +7,11 @@ Dynamic sharding hands each replica batch of the step-indexed stream to one work
 every batch is read once, so every example once per epoch, but in the order the
 workers deliver them. That order is not a function of the step, so a resume is no
 longer exact: batches in flight at a stop may be read again or not at all.
+
+On the machines that serve a run (each with this package installed and the data at the
+same paths):
+    python -m tasks.data_service --dispatcher --port=5050              # one machine
+    python -m tasks.data_service --dispatcher_address=HOST:5050 --port=5051  # each worker
 """
 
 import functools
@@ -57,3 +62,33 @@ def distribute(dataset, data):
     return dataset.apply(tf.data.experimental.service.distribute(
         processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC,
         service=target))
+
+
+def serve(argv):
+    """Runs a dispatcher (--dispatcher) or a worker of one until killed."""
+    del argv
+    from absl import flags
+    f = flags.FLAGS
+    service = tf.data.experimental.service
+    if f.dispatcher:
+        server = service.DispatchServer(service.DispatcherConfig(port=f.port))
+    else:
+        if not f.dispatcher_address:
+            raise SystemExit("Give --dispatcher (this machine dispatches) or "
+                             "--dispatcher_address=HOST:PORT (this machine is a worker).")
+        server = service.WorkerServer(service.WorkerConfig(
+            dispatcher_address=f.dispatcher_address, port=f.port,
+            worker_address=f"{f.worker_host}:{f.port}" if f.worker_host else None))
+    logging.info("tf.data service %s serving on port %d.",
+                 "dispatcher" if f.dispatcher else "worker", f.port)
+    server.join()
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+    flags.DEFINE_bool("dispatcher", False, "Run the dispatcher (else a worker).")
+    flags.DEFINE_string("dispatcher_address", "", "A worker's dispatcher, HOST:PORT.")
+    flags.DEFINE_integer("port", 5050, "The port to serve on.")
+    flags.DEFINE_string("worker_host", "", "The host name trainers reach this worker by "
+                        "('': localhost, for a worker on the trainer's machine).")
+    app.run(serve)

@@ -371,3 +371,33 @@ def test_cache_reads_the_same_batches_from_memory(digits_files, fmt):
         for (xa, ya), (xb, yb) in zip(a, b):
             np.testing.assert_array_equal(xa, xb)
             np.testing.assert_array_equal(ya, yb)
+
+
+def test_a_dispatcher_and_worker_started_by_the_entry_point_serve_a_run(tmp_path,
+                                                                        digits_files):
+    from benchmarks.faults import free_ports
+    dispatcher_port, worker_port = free_ports(2)
+    module = [sys.executable, "-m", "tasks.data_service"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    servers = [subprocess.Popen(module + ["--dispatcher", f"--port={dispatcher_port}"],
+                                cwd=ROOT, env=env, stderr=subprocess.DEVNULL),
+               subprocess.Popen(module + [f"--dispatcher_address=localhost:{dispatcher_port}",
+                                          f"--port={worker_port}"],
+                                cwd=ROOT, env=env, stderr=subprocess.DEVNULL)]
+    try:
+        config = files_config(digits_files["folder"], **{
+            "data.service": f"grpc://localhost:{dispatcher_port}"})
+        served = [fingerprints(x) for x, _ in tasks.get_task(config).build_inputs(
+            "train", context()).take(20).as_numpy_iterator()]
+        expected = [fingerprints(x) for x, _ in tasks.get_task(
+            files_config(digits_files["folder"])).build_inputs(
+            "train", context()).take(20).as_numpy_iterator()]
+        assert served == expected  # one worker: the stream's order
+        with pytest.raises(ValueError, match="read by Python code"):
+            tasks.get_task(files_config(digits_files["tfrecord"], **{
+                "data.service": f"grpc://localhost:{dispatcher_port}"})).build_inputs(
+                "train", context())
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
