@@ -10,6 +10,7 @@ offsets. TFDS datasets are read through `tfds.data_source` (ArrayRecord) or, for
 TFRecord file format, through the same record index over the prepared files.
 """
 
+import collections
 import dataclasses
 import os
 import struct
@@ -141,22 +142,40 @@ def index_records(path):
 
 class _RecordReader:
     """Reads records by (file, offset, length) from Python: TensorFlow has no op that
-    reads a byte range of a file. One handle per file and thread."""
+    reads a byte range of a file. Local files by `os.pread` (thread-safe, no seek);
+    others (gs://...) by a GFile per thread. Each keeps its `max_open` most recently used
+    files open (thousands of shards must not exhaust the process's file handles)."""
 
-    def __init__(self, paths):
-        self.paths = paths
+    def __init__(self, paths, max_open=64):
+        self.paths, self.max_open = paths, max_open
         self.local = threading.local()
+        self.lock = threading.Lock()
+        self.descriptors = collections.OrderedDict()
 
     def __call__(self, files, offsets, lengths):
-        handles = self.local.__dict__.setdefault("handles", {})
-        out = []
-        for f, offset, length in zip(files, offsets, lengths):
-            if f not in handles:
-                handles[f] = gfile.GFile(self.paths[f], "rb")
-            handle = handles[f]
-            handle.seek(int(offset))
-            out.append(handle.read(int(length)))
-        return np.array(out, dtype=object)
+        return np.array([self.read(int(f), int(o), int(n))
+                         for f, o, n in zip(files, offsets, lengths)], dtype=object)
+
+    def read(self, f, offset, length):
+        path = self.paths[f]
+        if "://" not in path:
+            with self.lock:  # (no descriptor is closed while it is read)
+                fd = self._open(self.descriptors, f, lambda: os.open(path, os.O_RDONLY),
+                                os.close)
+                return os.pread(fd, length, offset)
+        handles = self.local.__dict__.setdefault("handles", collections.OrderedDict())
+        handle = self._open(handles, f, lambda: gfile.GFile(path, "rb"), lambda h: h.close())
+        handle.seek(offset)
+        return handle.read(length)
+
+    def _open(self, table, f, opener, closer):
+        if f in table:
+            table.move_to_end(f)
+        else:
+            if len(table) >= self.max_open:
+                closer(table.popitem(last=False)[1])
+            table[f] = opener()
+        return table[f]
 
 
 def tfrecords(paths, keys, description):

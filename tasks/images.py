@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tasks import cifar10, data_service, image_sources, register
+from tasks import cifar10, data_service, image_decode, image_sources, register
 from tasks.input_order import step_indexed_indices
 from tasks.vit import vit_train_flops
 from trainer.runtime.host import available_memory_bytes
@@ -19,57 +19,13 @@ from trainer.runtime.host import available_memory_bytes
 AUTOTUNE = tf.data.AUTOTUNE
 
 
-# The bytes that open and close a whole file of each format: a file that is empty,
-# truncated or not an image fails this check and is named, instead of failing in the
-# decoder with a message that names no file.
-_PNG_HEAD, _PNG_TAIL = b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"
-_JPEG_HEAD, _JPEG_TAIL = b"\xff\xd8", b"\xff\xd9"
-_GIF_HEAD, _GIF_TAIL = b"GIF8", b";"
-
-
-def looks_whole(encoded):
-    """True for bytes that start and end as a whole PNG, JPEG, GIF or BMP file."""
-    length = tf.strings.length(encoded)
-
-    def framed(head, tail):
-        return (tf.strings.substr(encoded, 0, len(head)) == head) & (
-            tf.strings.substr(encoded, tf.maximum(length - len(tail), 0), len(tail)) == tail)
-
-    bmp_size = tf.io.decode_raw(tf.strings.substr(tf.strings.join([encoded, "\0" * 6]), 2, 4),
-                                tf.int32, little_endian=True)[0]
-    bmp = (tf.strings.substr(encoded, 0, 2) == b"BM") & (length >= 54) & (bmp_size <= length)
-    return (framed(_PNG_HEAD, _PNG_TAIL) | framed(_JPEG_HEAD, _JPEG_TAIL)
-            | framed(_GIF_HEAD, _GIF_TAIL) | bmp)
-
-
-def decode(encoded, image_size):
-    """(uint8 [image_size, image_size, 3], readable): any size, grayscale, RGB or RGBA,
-    resized; zeros where the bytes are not a whole image."""
-    readable = looks_whole(encoded)
-
-    def image():
-        x = tf.io.decode_image(encoded, channels=3, expand_animations=False)
-        x = tf.image.resize(x, [image_size, image_size])
-        return tf.cast(tf.clip_by_value(tf.round(x), 0, 255), tf.uint8)
-
-    zeros = lambda: tf.zeros([image_size, image_size, 3], tf.uint8)  # noqa: E731
-    return tf.cond(readable, image, zeros), readable
-
-
-def checked(images, readable, labels, names, num_classes):
-    """The batch, after asserting every image was readable and every label in range:
-    an error naming the files otherwise."""
-    unreadable = tf.debugging.Assert(tf.reduce_all(readable), [
-        "Image file(s) that are not whole images (empty, truncated or another format); "
-        "remove or fix them, or set --config.data.skip_bad=True to skip them:",
-        tf.boolean_mask(names, ~readable)], summarize=20)
-    outside = (labels < 0) | (labels >= num_classes)
-    out_of_range = tf.debugging.Assert(~tf.reduce_any(outside), [
-        f"Labels outside [0, {num_classes}) (data.num_classes) in:",
-        tf.boolean_mask(names, outside), "labels:", tf.boolean_mask(labels, outside)],
-        summarize=20)
-    with tf.control_dependencies([unreadable, out_of_range]):
-        return tf.identity(images), tf.identity(labels)
+def read_batch(source, examples, image_size, num_classes):
+    """Checked uint8 images [B, s, s, 3] and labels [B] of `source`'s examples [B]."""
+    encoded, labels, names = source.read(examples)
+    if source.paths_only:
+        encoded = image_decode.read_files(encoded)
+    images, readable = image_decode.decode_batch(encoded, image_size)
+    return image_decode.checked(images, readable, labels, names, num_classes)
 
 
 class ImageData:
@@ -106,36 +62,28 @@ class ImageData:
         """Decodes every example once: keeps the readable ones (data.skip_bad; the same
         files each launch, so a resume reads the same stream) and, with data.cache,
         their pixels."""
-        image_size = self.config.image_size
-
-        def read(indices):
-            encoded, labels, names = source.read(indices)
-            return indices, encoded, labels, names
-
-        def load(index, encoded, label, name):
-            if source.paths_only:
-                encoded = tf.io.read_file(encoded)
-            image, readable = decode(encoded, image_size)
-            if self.config.skip_bad:  # an unreadable file raises, ignore_errors drops it
-                with tf.control_dependencies([tf.debugging.Assert(readable, [name])]):
-                    image = tf.identity(image)
-            return index, image, readable, label, name
-
-        def check(index, image, readable, label, name):
-            image, label = checked(image, readable, label, name, self.num_classes)
-            return index, image, label
-
-        ds = tf.data.Dataset.range(source.size).batch(256).map(read, AUTOTUNE).unbatch()
-        ds = ds.map(load, AUTOTUNE)
-        if self.config.skip_bad:
-            ds = ds.ignore_errors()
+        c = self.config
+        ds = tf.data.Dataset.range(source.size).batch(256)
+        if c.skip_bad:  # one file at a time: ignore_errors drops those that fail
+            ds = ds.map(lambda i: (i, *source.read(i)), AUTOTUNE).unbatch().map(
+                lambda i, encoded, label, name: self._readable_or_error(
+                    source, i, encoded, label, name), AUTOTUNE).ignore_errors().batch(256)
+        else:
+            ds = ds.map(lambda i: (i, *read_batch(source, i, c.image_size, self.num_classes)),
+                        AUTOTUNE)
         indices, images, labels = [], [], []
-        for i, x, y in ds.batch(256).map(check).as_numpy_iterator():
+        for i, x, y in ds.as_numpy_iterator():
             indices.append(i)
             labels.append(y)
-            if self.config.cache:
+            if c.cache:
                 images.append(x)
         kept = np.concatenate(indices)
+        outside = kept[(np.concatenate(labels) < 0) | (np.concatenate(labels) >= self.num_classes)]
+        if len(outside):  # (checked in the graph without skip_bad)
+            _, found, names = source.read(tf.constant(outside[:20], tf.int64))
+            raise ValueError(f"Labels outside [0, {self.num_classes}) (data.num_classes): "
+                             + ", ".join(f"{n.decode()}: {y}" for n, y in zip(
+                                 names.numpy(), found.numpy())))
         bad = np.setdiff1d(np.arange(source.size), kept)
         if len(bad):
             _, _, names = source.read(tf.constant(bad, tf.int64))
@@ -144,8 +92,16 @@ class ImageData:
                             len(bad), split, "; ".join(names))
             self.skipped[split] = names
         self.kept[split] = kept
-        if self.config.cache:
+        if c.cache:
             self.arrays[split] = (np.concatenate(images), np.concatenate(labels))
+
+    def _readable_or_error(self, source, index, encoded, label, name):
+        """(index, image, label) of one example; an error where it is unreadable."""
+        if source.paths_only:
+            encoded = tf.io.read_file(encoded)
+        readable = image_decode.looks_whole(encoded)
+        with tf.control_dependencies([tf.debugging.Assert(readable, [name])]):
+            return index, image_decode.decode(encoded, self.config.image_size), label
 
     def describe(self):
         skipped = ", ".join(f"{len(names)} unreadable {split} file(s) skipped"
@@ -202,8 +158,8 @@ class ImagesTask(cifar10.Cifar10Task):
         return self._read_and_decode(split, kept, batch_size, input_context, start_step)
 
     def _read_and_decode(self, split, kept, batch_size, input_context, start_step):
-        """Indices -> records (a batch at a time) -> decoded images (one at a time, in
-        parallel, in order) -> checked, augmented and normalized batches."""
+        """Replica batches of indices -> records -> checked, decoded, augmented and
+        normalized images, one map call per batch."""
         c, source = self.config.data, getattr(self.data, split)
         kept_table = tf.constant(kept, tf.int64)
         if split == "train":
@@ -214,25 +170,15 @@ class ImagesTask(cifar10.Cifar10Task):
                 input_context.num_input_pipelines, input_context.input_pipeline_id)
             ds = ds.batch(batch_size).map(lambda i: (i, tf.constant(0, tf.int64)))
 
-        def read(indices, g):
-            encoded, labels, names = source.read(tf.gather(kept_table, indices))
-            return encoded, labels, names, tf.fill(tf.shape(indices), g)
-
-        def load(encoded, label, name, g):
-            if source.paths_only:
-                encoded = tf.io.read_file(encoded)
-            image, readable = decode(encoded, c.image_size)
-            return image, readable, label, name, g
-
-        def finish(images, readable, labels, names, g):
-            images, labels = checked(images, readable, labels, names, self.data.num_classes)
+        def batch(indices, g):
+            images, labels = read_batch(source, tf.gather(kept_table, indices),
+                                        c.image_size, self.data.num_classes)
             if split == "train" and c.augment:
-                seed = tf.stack([tf.constant(self.config.seed, tf.int64), g[0]])
+                seed = tf.stack([tf.constant(self.config.seed, tf.int64), g])
                 return cifar10.augment_and_normalize(images, seed, c.normalization), labels
             return cifar10.normalize_fused(images, c.normalization), labels
 
-        ds = ds.map(read, AUTOTUNE).unbatch().map(load, AUTOTUNE)
-        ds = ds.batch(batch_size, drop_remainder=split == "train").map(finish, AUTOTUNE)
+        ds = ds.map(batch, AUTOTUNE)
         return (self._served(ds) if split == "train" else ds).prefetch(AUTOTUNE)
 
     def _served(self, train_batches):

@@ -210,6 +210,10 @@ def test_bad_data_configs_are_named(tmp_path, digits_files):
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"Labels outside \[0, 5\)[\s\S]*r-00000-of-00001 record"):
         next(iter(narrow.build_inputs("train", context())))
+    with pytest.raises(ValueError, match=r"Labels outside \[0, 5\) \(data.num_classes\): "
+                                         r"\S+r-00000-of-00001 record \d+: [5-9]"):
+        tasks.get_task(override(narrow.config.copy_and_resolve_references(),
+                                **{"data.skip_bad": True})).data
     image_data.write_folder(tmp_path / "train", x[y < 5], y[y < 5])
     image_data.write_folder(tmp_path / "eval", x, y)
     with pytest.raises(ValueError, match=r"class folder\(s\) \['digit_5', 'digit_6'"):
