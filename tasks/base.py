@@ -96,6 +96,11 @@ class Task(abc.ABC):
                 "cache() what does not change between epochs, or the tf.data service "
                 "(BUILD.md, 'Input pipelines')")
 
+    def explain_input_error(self, error):
+        """An exception that says which input broke the run (a file, a record), for an
+        error raised while reading it (`error`), or None: the error as it is."""
+        return None
+
     def describe_data(self):
         """One line saying where the data came from, for logs and the final summary."""
         return "unknown"

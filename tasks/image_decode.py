@@ -10,12 +10,12 @@ import zlib
 
 import tensorflow as tf
 
-# The bytes that open and close a whole file of each format: a file that is empty,
-# truncated or not an image fails this check and is named, instead of failing in the
-# decoder with a message that names no file.
-_PNG_HEAD, _PNG_TAIL = b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"
-_JPEG_HEAD, _JPEG_TAIL = b"\xff\xd8", b"\xff\xd9"
-_GIF_HEAD, _GIF_TAIL = b"GIF8", b";"
+# The bytes that open a file of each format: a file that is empty, text or of another
+# kind fails this check and is named at once. (A truncated or corrupt image passes it
+# and fails in the decoder; the task then finds and names it: ImagesTask.
+# explain_input_error. Bytes after an image's end are common and harmless, so the end
+# is not checked.)
+_HEADS = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
 PARALLEL_DECODES = 16  # images of one batch decoded at once (map_fn parallel_iterations)
 
 
@@ -25,27 +25,18 @@ def _png_chunk(kind, data):
 
 
 # A black 1x1 PNG decoded in place of a file that failed the check (the batch then
-# fails its assertion, or the file was left out at start): the decoder never sees it.
-_BLANK_PNG = (_PNG_HEAD + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
+# fails its assertion): the decoder never sees it.
+_BLANK_PNG = (_HEADS[0] + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
               + _png_chunk(b"IDAT", zlib.compress(b"\0\0\0\0")) + _png_chunk(b"IEND", b""))
 
 
-def looks_whole(encoded):
-    """True where bytes start and end as a whole PNG, JPEG, GIF or BMP file (any shape
-    of strings in, the same shape of booleans out)."""
-    length = tf.strings.length(encoded)
-
-    def framed(head, tail):
-        last = tf.strings.substr(encoded, tf.maximum(length - len(tail), 0),
-                                 tf.fill(tf.shape(length), len(tail)))
-        return (tf.strings.substr(encoded, 0, len(head)) == head) & (last == tail)
-
-    padded = tf.strings.join([encoded, "\0" * 6])
-    bmp_size = tf.io.decode_raw(tf.strings.substr(padded, 2, 4), tf.int32,
-                                little_endian=True)[..., 0]
-    bmp = (tf.strings.substr(encoded, 0, 2) == b"BM") & (length >= 54) & (bmp_size <= length)
-    return (framed(_PNG_HEAD, _PNG_TAIL) | framed(_JPEG_HEAD, _JPEG_TAIL)
-            | framed(_GIF_HEAD, _GIF_TAIL) | bmp)
+def looks_like_image(encoded):
+    """True where bytes start as a PNG, JPEG, GIF or BMP file (any shape of strings in,
+    the same shape of booleans out)."""
+    found = tf.fill(tf.shape(encoded), False)
+    for head in _HEADS:
+        found |= tf.strings.substr(encoded, 0, len(head)) == head
+    return found
 
 
 def decode(encoded, image_size):
@@ -58,8 +49,8 @@ def decode(encoded, image_size):
 
 def decode_batch(encoded, image_size):
     """(uint8 [B, image_size, image_size, 3], readable [B]) of encoded images [B]; a
-    black image where the bytes are not a whole image."""
-    readable = looks_whole(encoded)
+    black image where the bytes are not an image."""
+    readable = looks_like_image(encoded)
     images = tf.map_fn(lambda e: decode(e, image_size), tf.where(readable, encoded, _BLANK_PNG),
                        fn_output_signature=tf.TensorSpec([image_size, image_size, 3],
                                                          tf.uint8),
@@ -76,8 +67,8 @@ def checked(images, readable, labels, names, num_classes):
     """The batch, after asserting every image was readable and every label in range:
     an error naming the files otherwise."""
     unreadable = tf.debugging.Assert(tf.reduce_all(readable), [
-        "Image file(s) that are not whole images (empty, truncated or another format); "
-        "remove or fix them, or set --config.data.skip_bad=True to skip them:",
+        "File(s) that are not PNG, JPEG, GIF or BMP images (empty, or another format): "
+        "remove or fix them, or set --config.data.skip_bad=True to leave them out:",
         tf.boolean_mask(names, ~readable)], summarize=20)
     outside = (labels < 0) | (labels >= num_classes)
     out_of_range = tf.debugging.Assert(~tf.reduce_any(outside), [

@@ -4,21 +4,21 @@ Each format is opened as a `Source`: N examples addressed by index, read by a gr
 function from a batch of int64 indices. That random access is what lets every format
 ride the step-indexed order of tasks/input_order.py (exact resume, each input pipeline
 reading only its share, the same examples per global step on any topology).
-TFRecord files have no index of their own, so one is built at start from the record
-headers (12 bytes per record read, nothing decoded) and records are read at their
-offsets. TFDS datasets are read through `tfds.data_source` (ArrayRecord) or, for the
-TFRecord file format, through the same record index over the prepared files.
+TFRecord files are read at their offsets through an index built at start
+(tasks/tfrecord_index.py). TFDS datasets are read through `tfds.data_source`
+(ArrayRecord) or, for the TFRecord file format, through the same index over the
+prepared files.
 """
 
-import collections
+import collections.abc
 import dataclasses
 import os
-import struct
-import threading
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
+
+from tasks.tfrecord_index import Index
 
 gfile = tf.io.gfile
 
@@ -35,7 +35,7 @@ class Source:
     read example by example where they are decoded; `python_reads`: `read` calls
     Python (tf.numpy_function)."""
     size: int
-    read: object
+    read: collections.abc.Callable
     description: str
     class_names: tuple = ()
     paths_only: bool = False
@@ -66,10 +66,10 @@ def open_source(data, split, class_names=()):
 
 
 def folder(root, class_names=()):
-    """The layout `keras.utils.image_dataset_from_directory` reads: root/<class>/<image>,
-    labels by sorted class name. Files that are not images and empty class folders are
-    left out with a note; with `class_names` given (eval), a class outside them is an
-    error."""
+    """The layout `keras.utils.image_dataset_from_directory` reads: root/<class>/...
+    (subfolders of a class included), labels by sorted class name. Files that are not
+    images and empty class folders are left out with a warning; with `class_names` given
+    (eval), a class outside them is an error."""
     if not gfile.isdir(root):
         raise ValueError(f"{root} is not a directory of class folders.")
     classes, paths, labels, ignored, empty = [], [], [], [], []
@@ -79,15 +79,15 @@ def folder(root, class_names=()):
         if not gfile.isdir(directory):
             ignored.append(name)
             continue
-        files = sorted(f for f in gfile.listdir(directory) if not gfile.isdir(
-            os.path.join(directory, f)))
+        files = sorted(os.path.join(parent, f) for parent, _, names in gfile.walk(directory)
+                       for f in names)
         images = [f for f in files if f.lower().endswith(IMAGE_EXTENSIONS)]
-        ignored += [os.path.join(name, f) for f in files if f not in images]
+        ignored += [os.path.relpath(f, root) for f in files if f not in set(images)]
         if not images:
             empty.append(name)
             continue
         classes.append(name)
-        paths += [os.path.join(directory, f) for f in images]
+        paths += images
         labels += [len(classes) - 1] * len(images)
     if ignored:
         logging.warning("%s: %d file(s) that are not images (%s) are ignored: %s", root,
@@ -117,111 +117,30 @@ def folder(root, class_names=()):
                   paths_only=True)
 
 
-def index_records(path):
-    """(offsets, lengths) of the records of an uncompressed TFRecord file, from their
-    headers (8-byte length, 4-byte CRC, data, 4-byte CRC)."""
-    size = gfile.stat(path).length
-    offsets, lengths = [], []
-    with gfile.GFile(path, "rb") as f:
-        position = 0
-        while position < size:
-            f.seek(position)
-            header = f.read(12)
-            length = struct.unpack("<Q", header[:8])[0] if len(header) == 12 else -1
-            if length < 0 or position + 16 + length > size:
-                raise ValueError(
-                    f"{path} is not an uncompressed TFRecord file (record at byte {position} "
-                    "runs past its end): it is truncated or compressed. Random access needs "
-                    "uncompressed files; decompress them (or rewrite with "
-                    "tf.io.TFRecordWriter and no compression).")
-            offsets.append(position + 12)
-            lengths.append(length)
-            position += 16 + length
-    return offsets, lengths
-
-
-class _RecordReader:
-    """Reads records by (file, offset, length) from Python: TensorFlow has no op that
-    reads a byte range of a file. Local files by `os.pread` (thread-safe, no seek);
-    others (gs://...) by a GFile per thread. Each keeps its `max_open` most recently used
-    files open (thousands of shards must not exhaust the process's file handles)."""
-
-    def __init__(self, paths, max_open=64):
-        self.paths, self.max_open = paths, max_open
-        self.local = threading.local()
-        self.lock = threading.Lock()
-        self.descriptors = collections.OrderedDict()
-
-    def __call__(self, files, offsets, lengths):
-        return np.array([self.read(int(f), int(o), int(n))
-                         for f, o, n in zip(files, offsets, lengths)], dtype=object)
-
-    def read(self, f, offset, length):
-        path = self.paths[f]
-        if "://" not in path:
-            with self.lock:  # (no descriptor is closed while it is read)
-                fd = self._open(self.descriptors, f, lambda: os.open(path, os.O_RDONLY),
-                                os.close)
-                return os.pread(fd, length, offset)
-        handles = self.local.__dict__.setdefault("handles", collections.OrderedDict())
-        handle = self._open(handles, f, lambda: gfile.GFile(path, "rb"), lambda h: h.close())
-        handle.seek(offset)
-        return handle.read(length)
-
-    def _open(self, table, f, opener, closer):
-        if f in table:
-            table.move_to_end(f)
-        else:
-            if len(table) >= self.max_open:
-                closer(table.popitem(last=False)[1])
-            table[f] = opener()
-        return table[f]
-
-
-def tfrecords(paths, keys, description):
+def tfrecords(paths, keys, description, class_names=()):
     """A Source over TFRecord files of tf.train.Example with an encoded image under
-    keys[0] and an int64 label under keys[1]."""
-    check_keys(paths[0], keys)
-    files, offsets, lengths, numbers = [], [], [], []
-    for i, path in enumerate(paths):
-        o, n = index_records(path)
-        files += [i] * len(o)
-        offsets += o
-        lengths += n
-        numbers += range(len(o))
-    logging.info("Indexed %d records in %d TFRecord file(s) (%s).", len(files), len(paths),
+    keys[0] and an int64 label under keys[1] (checked in each file's first record)."""
+    index = Index(paths)
+    logging.info("Indexed %d records in %d TFRecord file(s) (%s).", len(index), len(paths),
                  description)
-    reader = _RecordReader(paths)
-    table = [tf.constant(files, tf.int64), tf.constant(offsets, tf.int64),
-             tf.constant(lengths, tf.int64)]
-    file_names = tf.constant(paths)
-    spec = {keys[0]: tf.io.FixedLenFeature([], tf.string),
-            keys[1]: tf.io.FixedLenFeature([], tf.int64)}
-    record_numbers = tf.constant(numbers, tf.int64)
-
-    def read(indices):
-        f, o, n = (tf.gather(t, indices) for t in table)
-        serialized = tf.numpy_function(reader, [f, o, n], tf.string, stateful=False)
-        serialized.set_shape(indices.shape)
-        parsed = tf.io.parse_example(serialized, spec)
-        names = tf.strings.join([tf.gather(file_names, f), " record ",
-                                 tf.strings.as_string(tf.gather(record_numbers, indices))])
-        return parsed[keys[0]], parsed[keys[1]], names
-
-    return Source(len(files), read, description, python_reads=True)
-
-
-def check_keys(path, keys):
-    """The first record of `path` holds both keys, else an error naming the keys it has."""
-    for record in tf.data.TFRecordDataset(path).take(1):
-        features = tf.train.Example.FromString(record.numpy()).features.feature
+    for path, record in index.first_records().items():
+        features = tf.train.Example.FromString(record).features.feature
         missing = [k for k in keys if k not in features]
         if missing:
             raise ValueError(
                 f"{path} has no feature {missing} (its records have {sorted(features)}); "
                 "set --config.data.image_key= and --config.data.label_key= to its keys.")
-        return
-    raise ValueError(f"{path} holds no record.")
+    if not len(index):
+        raise ValueError(f"{description} holds no record.")
+    spec = {keys[0]: tf.io.FixedLenFeature([], tf.string),
+            keys[1]: tf.io.FixedLenFeature([], tf.int64)}
+
+    def read(indices):
+        serialized, names = index.read(indices)
+        parsed = tf.io.parse_example(serialized, spec)
+        return parsed[keys[0]], parsed[keys[1]], names
+
+    return Source(len(index), read, description, class_names, python_reads=True)
 
 
 def tfds_split(data, split):
@@ -253,9 +172,7 @@ def tfds_split(data, split):
     description = f"TFDS {data.tfds_name} {split} ({builder.data_dir})"
     if builder.info.file_format == tfds.core.FileFormat.TFRECORD:
         paths = [str(p) for p in builder.info.splits[split].filepaths]
-        source = tfrecords(paths, keys, description)
-        source.class_names = class_names
-        return source
+        return tfrecords(paths, keys, description, class_names)
     return _data_source(tfds, data, split, keys, description, class_names)
 
 

@@ -15,6 +15,8 @@ import tensorflow as tf
 
 import image_data
 import tasks
+from tasks import image_splits
+from trainer import assemble
 from configs import images
 from conftest import build, checkpoint_steps, override, two_replicas
 
@@ -125,6 +127,7 @@ def test_odd_folders_ignore_what_is_not_an_image_and_read_every_image_kind(tmp_p
              "rgb/c.jpg": tf.io.encode_jpeg(rng.integers(0, 255, (12, 6, 3), np.uint8)),
              "rgb/d.gif": encode(rng.integers(0, 255, (4, 4), np.uint8), "GIF"),
              "rgb/e.bmp": encode(rng.integers(0, 255, (6, 3, 3), np.uint8), "BMP"),
+             "rgb/nested/f.png": tf.io.encode_png(rng.integers(0, 255, (3, 3, 3), np.uint8)),
              "rgb/.DS_Store": b"\0\1", "rgb/README.txt": b"notes", "notes.txt": b"x"}
     for split in ("train", "eval"):
         for name, data in files.items():
@@ -135,13 +138,14 @@ def test_odd_folders_ignore_what_is_not_an_image_and_read_every_image_kind(tmp_p
     caplog.set_level("WARNING")
     task = tasks.get_task(files_config(dict(format="folder", train=str(tmp_path / "train"),
                                             eval=str(tmp_path / "eval")),
-                                       **{"data.global_batch_size": 5}))
-    assert task.data.num_classes == 3 and task.data.train.class_names == ("gray", "rgb", "rgba")
+                                       **{"data.global_batch_size": 6}))
+    assert task.data.num_classes == 3
+    assert task.data.source("train").class_names == ("gray", "rgb", "rgba")
     log = caplog.text
     assert "3 file(s) that are not images" in log and "rgb/.DS_Store" in log
     assert "without images are ignored: empty" in log
     x, y = next(iter(task.build_inputs("train", context())))
-    assert x.shape == (5, 8, 8, 3) and sorted(y.numpy()) == [0, 1, 1, 1, 2]
+    assert x.shape == (6, 8, 8, 3) and sorted(y.numpy()) == [0, 1, 1, 1, 1, 2]
 
 
 def folder_with(tmp_path, bad):
@@ -161,11 +165,18 @@ BAD = {"truncated.png": lambda good: good[:len(good) // 2],
 def test_an_unreadable_image_stops_the_run_naming_the_file(tmp_path):
     good = open(image_data.write_folder(tmp_path / "one", *image_data.digits(1))
                 + "/digit_0/00000.png", "rb").read()
-    data = folder_with(tmp_path, {"truncated.png": BAD["truncated.png"](good)})
+    data = folder_with(tmp_path, {"text.jpg": BAD["text.jpg"](good)})
     task = tasks.get_task(files_config(data, **{"data.global_batch_size": 61}))
-    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:  # named as it is read
         next(iter(task.build_inputs("train", context())))
-    assert "digit_1/truncated.png" in str(e.value) and "data.skip_bad=True" in str(e.value)
+    assert "digit_1/text.jpg" in str(e.value) and "data.skip_bad=True" in str(e.value)
+
+    data = folder_with(tmp_path / "b", {"truncated.png": BAD["truncated.png"](good)})
+    config = files_config(data, **{"data.global_batch_size": 61})
+    with pytest.raises(ValueError, match=r"1 image file\(s\) cannot be decoded \(truncated "
+                       r"or corrupt\): \S+/digit_1/truncated.png\. Remove or fix them, or "
+                       r"set --config.data.skip_bad=True"):  # the decoder's error, explained
+        assemble.run(config, tf.distribute.get_strategy(), str(tmp_path / "run"), "train")
 
 
 def test_skip_bad_leaves_out_the_same_files_on_every_launch(tmp_path, caplog):
@@ -178,14 +189,18 @@ def test_skip_bad_leaves_out_the_same_files_on_every_launch(tmp_path, caplog):
     data = folder_with(tmp_path, bad)
     caplog.set_level("WARNING")
     config = files_config(data, **{"data.skip_bad": True, "data.global_batch_size": 8})
-    first, second = tasks.get_task(config), tasks.get_task(config)
-    assert len(first.data.kept["train"]) == 60 == len(second.data.kept["train"])
+    first = tasks.get_task(config)
+    second = image_splits.ImageSplits(config.data)  # another launch's
+    assert len(first.data.kept("train")) == 60 == len(second.kept("train"))
     assert first.data.skipped["train"] == sorted(
         os.path.join(data["train"], "digit_1", n) for n in bad)
-    assert "4 unreadable train example(s)" in caplog.text and "flipped.png" in caplog.text
-    assert "4 unreadable train file(s) skipped, 4 unreadable eval" in first.describe_data()
+    assert "leaving out 4 unreadable train file(s)" in caplog.text
+    assert "flipped.png" in caplog.text
+    assert "(60 train examples, 4 unreadable file(s) skipped)" in first.describe_data()
     a = list(first.build_inputs("train", context(), 3).take(8).as_numpy_iterator())
-    b = list(second.build_inputs("train", context(), 3).take(8).as_numpy_iterator())
+    image_splits._OPENED.clear()  # a new process
+    b = list(tasks.get_task(config).build_inputs("train", context(), 3).take(
+        8).as_numpy_iterator())
     for (xa, ya), (xb, yb) in zip(a, b):
         np.testing.assert_array_equal(xa, xb)
         np.testing.assert_array_equal(ya, yb)
@@ -198,11 +213,11 @@ def test_bad_data_configs_are_named(tmp_path, digits_files):
     with pytest.raises(ValueError, match=r"has no feature \['image/encoded', "
                        r"'image/class/label'\] \(its records have \['class', 'jpeg'\]\)"):
         tasks.get_task(files_config(dict(format="tfrecord", train=odd_keys, eval=odd_keys,
-                                         num_classes=10))).data
+                                         num_classes=10))).data.source("train")
     ok = tasks.get_task(files_config(dict(format="tfrecord", train=odd_keys, eval=odd_keys,
                                           num_classes=10, image_key="jpeg",
                                           label_key="class")))
-    assert ok.data.train.size == 20
+    assert ok.data.source("train").size == 20
     narrow = tasks.get_task(files_config(dict(format="tfrecord", train=odd_keys,
                                               eval=odd_keys, num_classes=5, image_key="jpeg",
                                               label_key="class"),
@@ -213,16 +228,17 @@ def test_bad_data_configs_are_named(tmp_path, digits_files):
     with pytest.raises(ValueError, match=r"Labels outside \[0, 5\) \(data.num_classes\): "
                                          r"\S+r-00000-of-00001 record \d+: [5-9]"):
         tasks.get_task(override(narrow.config.copy_and_resolve_references(),
-                                **{"data.skip_bad": True})).data
+                                **{"data.skip_bad": True})).data.kept("train")
     image_data.write_folder(tmp_path / "train", x[y < 5], y[y < 5])
     image_data.write_folder(tmp_path / "eval", x, y)
     with pytest.raises(ValueError, match=r"class folder\(s\) \['digit_5', 'digit_6'"):
         tasks.get_task(files_config(dict(format="folder", train=str(tmp_path / "train"),
-                                         eval=str(tmp_path / "eval")))).data
+                                         eval=str(tmp_path / "eval")))).data.source("eval")
     with pytest.raises(ValueError, match="set --config.data.num_classes="):
-        tasks.get_task(files_config(dict(digits_files["tfrecord"], num_classes=0))).data
+        tasks.get_task(files_config(dict(digits_files["tfrecord"], num_classes=0))
+                       ).data.num_classes
     with pytest.raises(ValueError, match=r"data.train is empty: set --config.data.train="):
-        tasks.get_task(files_config(dict(format="folder"))).data
+        tasks.get_task(files_config(dict(format="folder"))).data.source("train")
 
 
 def test_sigkill_and_relaunch_on_tfrecords_ends_bitwise_equal(tmp_path, digits_files):
@@ -368,13 +384,14 @@ def test_cache_reads_the_same_batches_from_memory(digits_files, fmt):
     decoded = tasks.get_task(config)
     cached = tasks.get_task(override(config.copy_and_resolve_references(),
                                      **{"data.cache": True}))
-    assert cached.data.arrays["train"][0].shape == (1697, 8, 8, 3)
     for split, start in (("train", 5), ("eval", 0)):
         a = list(decoded.build_inputs(split, context(), start).take(8).as_numpy_iterator())
         b = list(cached.build_inputs(split, context(), start).take(8).as_numpy_iterator())
         for (xa, ya), (xb, yb) in zip(a, b):
             np.testing.assert_array_equal(xa, xb)
             np.testing.assert_array_equal(ya, yb)
+    assert cached.data.arrays["train"][0].shape == (1697, 8, 8, 3)
+    assert "train" not in decoded.data.arrays
 
 
 def test_a_dispatcher_and_worker_started_by_the_entry_point_serve_a_run(tmp_path,

@@ -11,6 +11,9 @@ export action, export builds no Trainer.
 import os
 import sys
 
+import tensorflow as tf
+from absl import logging
+
 import tasks
 from trainer.loop import actions as actions_lib
 from trainer.loop.controller import Controller
@@ -35,7 +38,24 @@ MODES = ("train", "eval", "train_and_eval", "continuous_eval", "sample", "precis
 
 def run(config, strategy, workdir, mode):
     """Runs `mode` with `strategy` on `workdir`; eval, continuous_eval and export
-    write `summary_<mode>.json`, training writes `summary.json` itself."""
+    write `summary_<mode>.json`, training writes `summary.json` itself. An error raised
+    while reading the input is told as the task explains it (the file that broke it)."""
+    try:
+        _run_mode(config, strategy, workdir, mode)
+    except tf.errors.OpError as error:
+        explained = tasks.get_task(config).explain_input_error(error)
+        if explained is None:
+            raise
+        raise explained from error
+
+
+def _run_mode(config, strategy, workdir, mode):
+    if mode not in ("train", "train_and_eval") and config.data.get("service"):
+        # The finders and the precision check compare runs on the same batches, which
+        # the service's delivery order would not give.
+        logging.info("data.service=%s is for training: --mode=%s reads its input itself.",
+                     config.data.service, mode)
+        config.data.service = ""
     if mode == "precision_check":
         precision_check(config, strategy, workdir, tasks.get_task)
         return
