@@ -32,14 +32,14 @@ def get_config():
         augment=True,            # pad-4 random crops and flips, as the CIFAR task's
         normalization="standardize",  # unit_range | standardize
         # True: decode every image once at start and train from memory (as fast as the
-        # in-memory tasks; needs N * image_size^2 * 3 bytes).
+        # in-memory tasks; about 2 x N * image_size^2 * 3 bytes while it is built).
         cache=False,
         # True: unreadable image files are found at start (one decode pass) and left out,
         # the same ones on every launch; False: the first one stops the run, named.
         skip_bad=False,
-        # "": off; "local": an in-process tf.data service (dispatcher and service_workers
-        # workers on localhost); "grpc://host:port": a running dispatcher. BUILD.md says
-        # which guarantees change.
+        # "": off; "local": a tf.data service inside this process (a dispatcher and
+        # service_workers workers; for tests); "grpc://host:port": a running dispatcher
+        # (python -m tasks.data_service). BUILD.md says which guarantees change.
         service="", service_workers=2))
     c.optimizer.update(name="sgd", learning_rate=0.1, schedule="cosine", warmup_steps=200)
     c.trainer.update(train_steps=5000, steps_per_loop=100, log_every=100, eval_every=1000,

@@ -1,12 +1,13 @@
 """Train input through the tf.data service, when decoding on the trainer's cores is the
-bottleneck: `data.service` = "local" (an in-process dispatcher and workers on
-localhost, for tests and spare cores) or "grpc://host:port" (a running dispatcher whose
+bottleneck: `data.service` = "local" (a dispatcher and workers inside the training
+process, sharing its cores: for tests) or "grpc://host:port" (a running dispatcher whose
 workers run on other machines; BUILD.md, "Input pipelines", shows how to start them).
 
 Dynamic sharding hands each replica batch of the step-indexed stream to one worker:
-every batch is read once, so every example once per epoch, but in the order the
-workers deliver them. That order is not a function of the step, so a resume is no
-longer exact: batches in flight at a stop may be read again or not at all.
+every batch is read at most once (a worker that dies loses those it held), so every
+example at most once per epoch, in the order the workers deliver them. That order is
+not a function of the step, so a resume is no longer exact: batches in flight at a stop
+may be read again or not at all.
 
 On the machines that serve a run (each with this package installed and the data at the
 same paths):
@@ -14,24 +15,23 @@ same paths):
     python -m tasks.data_service --dispatcher_address=HOST:5050 --port=5051  # each worker
 """
 
-import functools
-
 import tensorflow as tf
 from absl import logging
 
 GUARANTEE = ("data.service=%s: train batches come from tf.data service workers, each "
-             "replica batch of the stream once (dynamic sharding), so each example once per "
-             "epoch, in the order the workers deliver them; a resume is no longer exact "
-             "(batches in flight at a stop may be read again or skipped).")
+             "replica batch of the stream at most once (dynamic sharding), so each example "
+             "at most once per epoch, in the order the workers deliver them; a resume is no "
+             "longer exact (batches in flight at a stop may be read again or skipped).")
 
 
-_LOCAL_SERVERS = []  # the in-process dispatcher and workers live as long as the process
+_LOCAL = {}  # workers -> (dispatcher, workers), alive as long as the process
 
 
-@functools.lru_cache(maxsize=None)
 def local_service(workers):
-    """Starts a dispatcher and `workers` workers in this process (kept for its life);
-    returns the dispatcher's address."""
+    """The address of a dispatcher with `workers` workers in this process, started at
+    the first call."""
+    if workers in _LOCAL:
+        return _LOCAL[workers][0].target
     dispatcher = tf.data.experimental.service.DispatchServer()
     address = dispatcher.target.split("://")[1]
     servers = [tf.data.experimental.service.WorkerServer(
@@ -39,7 +39,7 @@ def local_service(workers):
         for _ in range(workers)]
     logging.info("tf.data service: a dispatcher at %s and %d worker(s) in this process.",
                  dispatcher.target, workers)
-    _LOCAL_SERVERS.append((dispatcher, servers))
+    _LOCAL[workers] = (dispatcher, servers)
     return dispatcher.target
 
 

@@ -22,8 +22,8 @@ def step_indexed_batches(num_examples, batch_size, input_context, start_step, se
 
 def step_indexed_indices(num_examples, batch_size, input_context, start_step, seed):
     """(indices [batch_size] int64, g) of this pipeline's replica batches from
-    `start_step`: the order `step_indexed_batches` reads, for pipelines that read and
-    decode example by example between the indices and the batch (tasks/images.py)."""
+    `start_step`: the order `step_indexed_batches` reads, for pipelines that read their
+    examples from files (tasks/images.py)."""
     if batch_size > num_examples:
         raise ValueError(f"A replica batch of {batch_size} is more than the "
                          f"{num_examples} training examples.")

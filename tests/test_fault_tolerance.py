@@ -149,9 +149,7 @@ def test_train_input_resumes_at_the_step(tmp_path):
 
 
 MODELS_WITH_STATE = {
-    # batch normalization: per-replica statistics, averaged by the step
-    "resnet": ["--config=configs/cifar.py", "--config.model.name=resnet",
-               "--config.model.width=4", "--config.model.blocks_per_stage=1"],
+    # (a ResNet's batch normalization statistics: test_image_files.py, on TFRecords)
     # dropout (a Keras Dropout layer and the Block's stateless dropout): random masks
     "vit": ["--config=configs/vit_cifar.py", "--config.model.num_layers=1",
             "--config.model.d_model=16", "--config.model.num_heads=2",

@@ -137,12 +137,6 @@ def _mobilenet(variant):
         classifier_activation=None, minimalistic=True)
 
 
-def _efficientnet(variant):
-    return keras.applications.EfficientNetV2B0(
-        input_shape=(SIZE, SIZE, 3), weights=None, classes=CLASSES + variant,
-        classifier_activation=None, include_preprocessing=False)
-
-
 def _unnamed_weights(variant):
     """The guide's Linear (unnamed weights) and Scale (a weight named like its layer)."""
     image = _image_input()
@@ -179,8 +173,7 @@ MODELS = {"unnamed_weights": _unnamed_weights, "bidirectional": _bidirectional,
           "lazy_sequential": _lazy_sequential, "unbuilt_subclassed": Unbuilt,
           "synchronized_bn": _synchronized_bn,
           "aux_head": _aux_head, "counter": _counter, "dict_inputs": _dict_inputs,
-          "frozen_backbone": _frozen_backbone, "lists": _lists, "mobilenet": _mobilenet,
-          "efficientnet": _efficientnet}
+          "frozen_backbone": _frozen_backbone, "lists": _lists, "mobilenet": _mobilenet}
 
 
 def _main(outputs):
