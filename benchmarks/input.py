@@ -16,6 +16,7 @@ Writes results.json and results.md to --out.
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -55,16 +56,16 @@ def write_data(root, n):
     import tensorflow as tf
     from benchmarks.image_files import write_folder, write_tfrecords
     from tasks import cifar10_data
-    done = os.path.join(root, "done")
+    done = os.path.join(root, f"done_{n}")  # written last: a complete set of n images
     if os.path.exists(done):
         return root
+    shutil.rmtree(root, ignore_errors=True)
     images, labels = make_images(n + 2000)
     train, test = slice(0, n), slice(n, None)
     for split, part in (("train", train), ("eval", test)):
-        write_folder(os.path.join(root, "folder", split), images[part],
-                                labels[part])
-        write_tfrecords(os.path.join(root, "tfrecord", split), images[part],
-                                   labels[part], shards=16 if split == "train" else 2)
+        write_folder(os.path.join(root, "folder", split), images[part], labels[part])
+        write_tfrecords(os.path.join(root, "tfrecord", split), images[part], labels[part],
+                        shards=16 if split == "train" else 2)
     cifar10_data.write_folder(cifar10_data.Cifar10(
         images[train], labels[train].astype(np.int32), images[test],
         labels[test].astype(np.int32), source="benchmark images"),
@@ -107,13 +108,14 @@ def launch(args):
 
 def throughput(model, fmt, root):
     workdir = os.path.join(FLAGS.out, "runs", f"{model}_{fmt}")
-    subprocess.run(["rm", "-rf", workdir])
+    shutil.rmtree(workdir, ignore_errors=True)
     lines, rc = launch(run_args(model, fmt, root, workdir, FLAGS.steps))
     if rc:
         raise RuntimeError("".join(line for _, line in lines)[-3000:])
     rates = [float(m.group(1)) for _, line in lines
              for m in [re.search(r"step \d+/\d+: .*\| (\d+) ex/s", line)] if m]
-    shares = json.load(open(os.path.join(workdir, "summary.json")))["time_breakdown"]
+    with open(os.path.join(workdir, "summary.json")) as f:
+        shares = json.load(f)["time_breakdown"]
     return {"model": model, "format": fmt, "examples_per_sec": statistics.median(rates[1:]),
             "input_wait": shares["input_wait"]}
 
@@ -122,7 +124,7 @@ def resume_cost(fmt, root):
     """Seconds from a relaunch at a mid-epoch checkpoint to its first step, and from a
     fresh launch to its first step."""
     workdir = os.path.join(FLAGS.out, "runs", f"resume_{fmt}")
-    subprocess.run(["rm", "-rf", workdir])
+    shutil.rmtree(workdir, ignore_errors=True)
     mid = FLAGS.images // FLAGS.batch // 2
     out = {"format": fmt}
     for name, steps in (("fresh_to_first_step", mid), ("relaunch_to_first_step", mid + 1)):
@@ -156,9 +158,10 @@ def main(argv):
         "at mid-epoch to first step s |\n|---|---|---|\n" + "\n".join(
             f"| {r['format']} | {r['fresh_to_first_step']:.1f} | "
             f"{r['relaunch_to_first_step']:.1f} |" for r in resume)
-    json.dump({"throughput": rows, "resume": resume}, open(
-        os.path.join(FLAGS.out, "results.json"), "w"), indent=1)
-    open(os.path.join(FLAGS.out, "results.md"), "w").write(text + "\n")
+    with open(os.path.join(FLAGS.out, "results.json"), "w") as f:
+        json.dump({"throughput": rows, "resume": resume}, f, indent=1)
+    with open(os.path.join(FLAGS.out, "results.md"), "w") as f:
+        f.write(text + "\n")
     print(text)
 
 
