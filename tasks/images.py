@@ -104,13 +104,14 @@ class ImagesTask(cifar10.Cifar10Task):
     def explain_input_error(self, error):
         """A decoder's error names no file: find the files that do not decode and name
         them (one decode pass over the opened splits, on failure only)."""
-        if not isinstance(error, (tf.errors.InvalidArgumentError, tf.errors.DataLossError)):
+        if not (isinstance(error, tf.errors.InvalidArgumentError)
+                and "DecodeImage" in str(error)):  # another error: the run says it as is
             return None
         bad = [name for split in self.data.opened() for name in self.data.unreadable(split)]
         if not bad:
             return None
         return ValueError(
-            f"{len(bad)} image file(s) cannot be decoded (truncated or corrupt): "
+            f"{len(bad)} image file(s) cannot be decoded (not an image, truncated or corrupt): "
             + "; ".join(bad[:20]) + (" ..." if len(bad) > 20 else "")
             + ". Remove or fix them, or set --config.data.skip_bad=True to leave them out.")
 

@@ -173,9 +173,9 @@ def test_an_unreadable_image_stops_the_run_naming_the_file(tmp_path):
 
     data = folder_with(tmp_path / "b", {"truncated.png": BAD["truncated.png"](good)})
     config = files_config(data, **{"data.global_batch_size": 61})
-    with pytest.raises(ValueError, match=r"1 image file\(s\) cannot be decoded \(truncated "
-                       r"or corrupt\): \S+/digit_1/truncated.png\. Remove or fix them, or "
-                       r"set --config.data.skip_bad=True"):  # the decoder's error, explained
+    with pytest.raises(ValueError, match=r"1 image file\(s\) cannot be decoded \(not an "
+                       r"image, truncated or corrupt\): \S+/digit_1/truncated.png\. Remove "
+                       r"or fix them, or set --config.data.skip_bad=True"):  # explained
         assemble.run(config, tf.distribute.get_strategy(), str(tmp_path / "run"), "train")
 
 
