@@ -30,7 +30,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,21 +38,11 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.loop.goodput import Ledger, account
+from trainer.runtime.local_workers import free_ports, worker_env
 from trainer.state.checkpoints import read_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP_LINE = re.compile(r"step (\d+)/(\d+):")
-
-
-def free_ports(n):
-    """`n` free TCP ports on localhost, for a cluster of workers."""
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 class Job:
@@ -68,8 +57,7 @@ class Job:
             env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
             extra = []
             if workers > 1:
-                env["TF_CONFIG"] = json.dumps({"cluster": cluster,
-                                               "task": {"type": "worker", "index": i}})
+                env = worker_env(cluster, i, env)
                 extra = ["--config.distribution.strategy=multi_worker"]
             self.logs.append(f"{log_prefix}-worker{i}.log")
             self.procs.append(subprocess.Popen(args + extra, cwd=ROOT, env=env,

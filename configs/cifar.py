@@ -71,6 +71,10 @@ def get_config():
     c.distribution = ml_collections.ConfigDict(dict(
         strategy="auto",           # auto | default | one_device | mirrored | multi_worker | tpu
         tpu="",                    # TPU name or grpc:// address
+        # multi_worker: where the cluster comes from: tf_config (the TF_CONFIG variable;
+        # --local_workers=N writes it) or slurm (srun's environment; worker ports from
+        # port_base, one per task on a node)
+        cluster="tf_config", port_base=8888,
         collective_timeout_seconds=600))  # multi_worker: a peer silent this long is an error
 
     # Intervals count steps. steps_per_loop >= 1 (steps per compiled host call); for

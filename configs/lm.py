@@ -37,8 +37,9 @@ def get_config():
     c.init = init_config()  # warm start, see configs/cifar.py
     c.loss_scale = ml_collections.ConfigDict(dict(
         dynamic=True, initial_scale=2.0**15, growth_steps=2000))
-    c.distribution = ml_collections.ConfigDict(dict(
-        strategy="auto", tpu="", collective_timeout_seconds=600))
+    c.distribution = ml_collections.ConfigDict(dict(  # see cifar.py
+        strategy="auto", tpu="", cluster="tf_config", port_base=8888,
+        collective_timeout_seconds=600))
     c.trainer = ml_collections.ConfigDict(dict(
         train_steps=3500, steps_per_loop=100, eval_every=500, checkpoint_every=500,
         accumulation_steps=1, per_step_summaries=True,  # see cifar.py

@@ -31,12 +31,19 @@ flags.DEFINE_enum("mode", "train_and_eval", MODES,
                   "best or latest checkpoint (or export.checkpoint) in workdir/export/; "
                   "find_lr: the learning-rate range test, which prints the rate to use; "
                   "find_batch_size: the largest global batch whose step runs.")
+flags.DEFINE_integer("local_workers", 0, "N >= 2: run N workers of this command on this "
+                     "machine, a MultiWorkerMirrored cluster on localhost ports (a generated "
+                     "TF_CONFIG each), their logs prefixed [worker i]; exits with the worst "
+                     "status.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if FLAGS.local_workers:
+        from trainer.runtime import local_workers
+        sys.exit(local_workers.run(FLAGS.local_workers, sys.argv))
     # Modules next to the config file (a Task, actions) import by their bare name.
     config_dir = os.path.dirname(os.path.abspath(config_flags.get_config_filename(
         FLAGS["config"])))

@@ -1,11 +1,14 @@
 """Builds the tf.distribute strategy named by `config.distribution.strategy`."""
 
 import os
+import re
+import shutil
 
 import tensorflow as tf
 from absl import logging
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
+CLUSTERS = ("tf_config", "slurm")
 
 
 def _connect_tpu(address):
@@ -29,20 +32,41 @@ def build_strategy(config):
     if config.strategy not in STRATEGIES:
         raise ValueError(f"config.distribution.strategy={config.strategy!r} is unknown; "
                          f"choose one of {STRATEGIES}.")
+    if config.cluster not in CLUSTERS:
+        raise ValueError(f"config.distribution.cluster={config.cluster!r} is unknown; "
+                         f"choose one of {CLUSTERS}.")
+    if config.cluster == "slurm" and config.strategy not in ("auto", "multi_worker"):
+        raise ValueError("config.distribution.cluster=slurm runs MultiWorkerMirrored: set "
+                         "config.distribution.strategy=multi_worker (or auto).")
     strategy = _make_strategy(config)
     logging.info("Strategy %s with %d replica(s).", type(strategy).__name__,
                  strategy.num_replicas_in_sync)
+    _log_cluster(strategy, config.cluster)
     return strategy
+
+
+def _log_cluster(strategy, source):
+    """The cluster a multi-worker strategy resolved: its workers, this task, replicas."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if not getattr(resolver, "task_type", None) or isinstance(
+            resolver, tf.distribute.cluster_resolver.TPUClusterResolver):
+        return
+    workers = resolver.cluster_spec().as_dict().get("worker", [])
+    logging.info("Cluster from %s: %d worker(s) (%s); this process is %s %d; %d replica(s) "
+                 "per worker.", source, len(workers), ", ".join(workers), resolver.task_type,
+                 resolver.task_id, strategy.num_replicas_in_sync // max(len(workers), 1))
 
 
 def _make_strategy(config):
     name = config.strategy
-    if name == "multi_worker":
+    if name == "multi_worker" or config.cluster == "slurm":
         # Made before anything initializes the TF runtime (collectives need that).
         # A bounded wait on every collective: a dead peer becomes an error, not a hang.
         options = tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=config.collective_timeout_seconds or None)
-        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=_slurm_resolver(config) if config.cluster == "slurm" else None,
+            communication_options=options)
     local_tpu = os.environ.get("TPU_NAME") or os.path.exists("/dev/accel0")
     if name == "tpu" or (name == "auto" and (config.tpu or local_tpu)):
         return _connect_tpu(config.tpu or os.environ.get("TPU_NAME", "local" if local_tpu else ""))
@@ -58,6 +82,23 @@ def _make_strategy(config):
     if gpus:
         return tf.distribute.OneDeviceStrategy(gpus[0].name)
     return tf.distribute.get_strategy()
+
+
+def _slurm_resolver(config):
+    """The cluster of the `srun` step this process is a task of. The resolver counts GPUs
+    with nvidia-smi and cannot be told 0 (it steps through them): on a node without
+    GPUs it gets one nominal GPU per task and sets no CUDA_VISIBLE_DEVICES."""
+    if "SLURM_PROCID" not in os.environ:
+        raise RuntimeError("config.distribution.cluster=slurm, but SLURM_PROCID is not set: "
+                           "start each worker with srun (examples/slurm.sbatch).")
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver
+    if os.environ.get("CUDA_VISIBLE_DEVICES") or shutil.which("nvidia-smi"):
+        return resolver(port_base=config.port_base)
+    # srun's "2(x3),1": 2 tasks on each of 3 nodes, then 1
+    tasks_per_node = max(int(n) for n, _ in re.findall(
+        r"(\d+)(\(x\d+\))?", os.environ.get("SLURM_STEP_TASKS_PER_NODE", "1")))
+    return resolver(port_base=config.port_base, gpus_per_node=tasks_per_node,
+                    gpus_per_task=1, auto_set_gpu=False)
 
 
 def is_chief(strategy):

@@ -1,0 +1,113 @@
+"""Multi-worker launches: `--local_workers=N` and a Slurm step's environment."""
+
+import os
+import socket
+import subprocess
+import sys
+
+from trainer.runtime import local_workers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--config=configs/cifar.py", "--config.data.source=synthetic",
+        "--config.precision=float32", "--config.data.global_batch_size=16",
+        "--config.data.synthetic_train_size=256", "--config.data.synthetic_test_size=32",
+        "--config.trainer.train_steps=10", "--config.trainer.steps_per_loop=5",
+        "--config.trainer.log_every=5", "--config.trainer.jit_compile=off",
+        "--config.distribution.collective_timeout_seconds=30", "--mode=train"]
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def test_local_workers_run_a_cluster_of_this_command(tmp_path):
+    run = subprocess.run([sys.executable, "launch.py", "--local_workers=2", *TINY,
+                          f"--workdir={tmp_path}"], cwd=ROOT, env=ENV, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for i in range(2):
+        assert f"[worker {i}] " in run.stderr
+        assert any(line.startswith(f"[worker {i}] ") and "Cluster from tf_config: 2 "
+                   f"worker(s) (localhost:" in line and f"this process is worker {i}; 1 "
+                   "replica(s) per worker" in line for line in run.stderr.splitlines())
+    assert any(line.startswith("[worker 0] ") and "step 10/10" in line
+               for line in run.stderr.splitlines())
+    assert os.path.exists(tmp_path / "checkpoints" / "checkpoint")
+
+
+FAKE_WORKER = """
+import json, os, sys, time
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+print("up", flush=True)
+if index == 1:
+    sys.exit(3)
+time.sleep(120)  # as a worker waiting on a dead peer's collectives
+"""
+
+
+def test_a_failed_local_worker_stops_the_others_and_gives_its_status(tmp_path, capfd):
+    script = tmp_path / "worker.py"
+    script.write_text(FAKE_WORKER)
+    assert local_workers.run(3, [str(script), "--local_workers=3"]) == 3
+    err = capfd.readouterr().err
+    assert "[worker 0] up" in err and "[worker 2] up" in err
+    assert "worker 1 exited with status 3: stopping 2 other worker(s)" in err
+
+
+def consecutive_free_ports(n):
+    """A base port with the n ports from it free now."""
+    for _ in range(50):
+        base = local_workers.free_ports(1)[0]
+        sockets = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("localhost", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError("no consecutive free ports")
+
+
+def test_a_slurm_step_environment_gives_the_cluster(tmp_path):
+    """Two tasks of one srun step on one node, with the variables srun sets."""
+    base = consecutive_free_ports(2)
+    procs = []
+    for rank in range(2):
+        env = dict(ENV, SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank),
+                   SLURM_STEP_NUM_TASKS="2", SLURM_NTASKS="2", SLURM_STEP_NODELIST="localhost",
+                   SLURM_JOB_NODELIST="localhost", SLURM_STEP_TASKS_PER_NODE="2",
+                   SLURM_TASKS_PER_NODE="2", SLURM_NODEID="0")
+        env.pop("TF_CONFIG", None)
+        procs.append(subprocess.Popen(
+            [sys.executable, "launch.py", *TINY, f"--workdir={tmp_path}",
+             "--config.distribution.cluster=slurm", f"--config.distribution.port_base={base}"],
+            cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True))
+    logs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    for rank, log in enumerate(logs):
+        assert (f"Cluster from slurm: 2 worker(s) (localhost:{base}, localhost:{base + 1}); "
+                f"this process is worker {rank}; 1 replica(s) per worker.") in log
+    assert "step 10/10" in logs[0]
+
+
+def test_the_kubernetes_manifest_gives_each_pod_its_tf_config():
+    import json
+    import re
+    from trainer.runtime import kubernetes
+    manifest = open(os.path.join(ROOT, "examples", "kubernetes.yaml")).read()
+    env = dict(re.findall(r"\{name: (TFTRAINER_\w+), value: \"?([\w-]+)\"?\}", manifest))
+    assert "python -m trainer.runtime.kubernetes" in manifest
+    workers = int(env["TFTRAINER_WORKERS"])
+    assert f"completions: {workers}" in manifest and f"parallelism: {workers}" in manifest
+    assert f"subdomain: {env['TFTRAINER_SERVICE']}" in manifest
+    configs = [json.loads(kubernetes.from_environment(dict(env, JOB_COMPLETION_INDEX=str(i))))
+               for i in range(workers)]
+    hosts = ["tftrainer-0.tftrainer-workers:2222", "tftrainer-1.tftrainer-workers:2222"]
+    for i, config in enumerate(configs):
+        assert config == {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": i}}
+    run = subprocess.run([sys.executable, "-m", "trainer.runtime.kubernetes"], cwd=ROOT,
+                         env=dict(ENV, JOB_COMPLETION_INDEX="1", **env), capture_output=True,
+                         text=True, timeout=60)
+    assert json.loads(run.stdout) == configs[1]
