@@ -75,6 +75,10 @@ def get_config():
         # --local_workers=N writes it) or slurm (srun's environment; worker ports from
         # port_base, one per task on a node)
         cluster="tf_config", port_base=8888,
+        # the gradients' all-reduce: auto | ring | nccl (multi_worker's implementation),
+        # bytes_per_pack (0: one pack), all_reduce_dtype float32 | bfloat16 (half the bytes
+        # moved, a coarser sum; the update stays float32). BUILD.md, "Across machines".
+        all_reduce="auto", bytes_per_pack=0, all_reduce_dtype="float32",
         collective_timeout_seconds=600))  # multi_worker: a peer silent this long is an error
 
     # Intervals count steps. steps_per_loop >= 1 (steps per compiled host call); for

@@ -39,6 +39,7 @@ def get_config():
         dynamic=True, initial_scale=2.0**15, growth_steps=2000))
     c.distribution = ml_collections.ConfigDict(dict(  # see cifar.py
         strategy="auto", tpu="", cluster="tf_config", port_base=8888,
+        all_reduce="auto", bytes_per_pack=0, all_reduce_dtype="float32",
         collective_timeout_seconds=600))
     c.trainer = ml_collections.ConfigDict(dict(
         train_steps=3500, steps_per_loop=100, eval_every=500, checkpoint_every=500,

@@ -9,6 +9,10 @@ from absl import logging
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 CLUSTERS = ("tf_config", "slurm")
+ALL_REDUCE = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+              "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+              "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}
+ALL_REDUCE_DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16}
 
 
 def _connect_tpu(address):
@@ -32,6 +36,10 @@ def build_strategy(config):
     if config.strategy not in STRATEGIES:
         raise ValueError(f"config.distribution.strategy={config.strategy!r} is unknown; "
                          f"choose one of {STRATEGIES}.")
+    for field, known in (("all_reduce", ALL_REDUCE), ("all_reduce_dtype", ALL_REDUCE_DTYPES)):
+        if config.get(field, "auto" if field == "all_reduce" else "float32") not in known:
+            raise ValueError(f"config.distribution.{field}={config[field]!r} is unknown; "
+                             f"choose one of {tuple(known)}.")
     if config.cluster not in CLUSTERS:
         raise ValueError(f"config.distribution.cluster={config.cluster!r} is unknown; "
                          f"choose one of {CLUSTERS}.")
@@ -63,7 +71,9 @@ def _make_strategy(config):
         # Made before anything initializes the TF runtime (collectives need that).
         # A bounded wait on every collective: a dead peer becomes an error, not a hang.
         options = tf.distribute.experimental.CommunicationOptions(
-            timeout_seconds=config.collective_timeout_seconds or None)
+            timeout_seconds=config.collective_timeout_seconds or None,
+            implementation=ALL_REDUCE[config.get("all_reduce", "auto")],
+            bytes_per_pack=config.get("bytes_per_pack", 0))
         return tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=_slurm_resolver(config) if config.cluster == "slurm" else None,
             communication_options=options)
@@ -99,6 +109,21 @@ def _slurm_resolver(config):
         r"(\d+)(\(x\d+\))?", os.environ.get("SLURM_STEP_TASKS_PER_NODE", "1")))
     return resolver(port_base=config.port_base, gpus_per_node=tasks_per_node,
                     gpus_per_task=1, auto_set_gpu=False)
+
+
+def sum_over_replicas(replica, grads, loss, dtype="float32"):
+    """(gradients, loss) summed over replicas, in one all-reduce, the gradients sent as
+    `dtype` (config.distribution.all_reduce_dtype: bfloat16 halves the bytes; its
+    exponent range is float32's, so a loss-scaled overflow still arrives as inf) and
+    returned as float32, for a float32 update."""
+    if dtype == "float32":
+        *summed, loss = replica.all_reduce(tf.distribute.ReduceOp.SUM, grads + [loss])
+        return summed, loss
+    # (one all-reduce packs its tensors together, so they must share a dtype)
+    summed = replica.all_reduce(tf.distribute.ReduceOp.SUM,
+                                [tf.cast(g, ALL_REDUCE_DTYPES[dtype]) for g in grads])
+    loss = replica.all_reduce(tf.distribute.ReduceOp.SUM, loss)
+    return [tf.cast(g, tf.float32) for g in summed], loss
 
 
 def is_chief(strategy):

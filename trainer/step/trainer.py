@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer.runtime.distribute import is_chief
+from trainer.runtime.distribute import is_chief, sum_over_replicas
 from trainer.runtime.keras_internals import apply_gradients_as_given
 from trainer.runtime.precision import (advise_shapes, check_float32_layers, layers_of, policy_name,
                                        use_float32_layers)
@@ -84,6 +84,7 @@ class Trainer:
         self.examples_per_step = self.global_batch_size * self.accumulation_steps
         self.per_step_summaries = bool(config.trainer.get("per_step_summaries", False))
         self.clip_norm = config.optimizer.clip_norm
+        self.all_reduce_dtype = config.distribution.get("all_reduce_dtype", "float32")
         if config.trainer.deterministic:
             # With the step-derived input order of the tasks, this makes a resumed
             # run bitwise equal to an uninterrupted one (on CPU; slower kernels).
@@ -205,8 +206,8 @@ class Trainer:
         # gradient: they stay out of the all-reduce, the norm and the update.
         scaled_grads = self.variables.with_gradient(scaled_grads)
         # The step's one all-reduce: the gradients, and the loss along with them.
-        *scaled_grads, loss = replica.all_reduce(tf.distribute.ReduceOp.SUM,
-                                                 scaled_grads + [loss])
+        scaled_grads, loss = sum_over_replicas(replica, scaled_grads, loss,
+                                               self.all_reduce_dtype)
         # The state the forward pass updated on each replica is made the same on all.
         state_after = self.variables.synchronized(replica)
         # After the all-reduce every replica holds the same values, so the
