@@ -100,6 +100,9 @@ def get_config():
         async_checkpoint="auto",
         max_nonfinite_steps=0,     # non-finite steps in a row that stop the run;
                                    # 0: 100 with float16 loss scaling, else 1
+        # > 0: every this many steps, and before every save and evaluation, check that all
+        # replicas (on every worker) hold the same variables; stop if not (BUILD.md)
+        consistency_every=0,
 
         log_every=50,
         deterministic=False,       # True: deterministic ops, so a resumed run is bitwise exact

@@ -46,6 +46,7 @@ def get_config():
         accumulation_steps=1, per_step_summaries=True,  # see cifar.py
         max_to_keep=3, async_checkpoint="auto", log_every=100, jit_compile="auto", deterministic=False,
         max_nonfinite_steps=0,  # 0: 100 with float16 loss scaling, else 1
+        consistency_every=0,  # see cifar.py
         best_metric="eval/loss", best_mode="min", early_stop_patience=0, max_seconds=0.0,
         peak_tflops=0.0,  # see cifar.py
         profile_steps=()))

@@ -1,10 +1,12 @@
 """Multi-worker launches: `--local_workers=N` and a Slurm step's environment."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 
+from conftest import checkpoint_steps
 from trainer.runtime import local_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,19 +19,40 @@ TINY = ["--config=configs/cifar.py", "--config.data.source=synthetic",
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
 
-def test_local_workers_run_a_cluster_of_this_command(tmp_path):
-    run = subprocess.run([sys.executable, "launch.py", "--local_workers=2", *TINY,
-                          f"--workdir={tmp_path}"], cwd=ROOT, env=ENV, capture_output=True,
+DRIFT_CONFIG = """
+from configs import cifar
+
+def get_config():
+    c = cifar.get_config()
+    c.actions.drift = dict(action="replica_drift.OneReplicaDrifts",
+                           name="seed_cnn/dense_1/bias", at=5)
+    return c
+"""
+
+
+def test_local_workers_run_a_cluster_and_the_check_names_a_worker_that_drifts(tmp_path):
+    """Two workers of one command train in step until the last one's copy of a variable is
+    changed at step 5; the consistency check stops both at step 10, keeping ckpt-5."""
+    (tmp_path / "drift.py").write_text(DRIFT_CONFIG)
+    shutil.copy(os.path.join(ROOT, "tests", "replica_drift.py"), tmp_path)
+    run = subprocess.run([sys.executable, "launch.py", "--local_workers=2",
+                          f"--config={tmp_path}/drift.py", *TINY[1:],
+                          "--config.trainer.consistency_every=5",
+                          "--config.trainer.checkpoint_every=5",
+                          f"--workdir={tmp_path}/run"], cwd=ROOT, env=ENV, capture_output=True,
                          text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stderr.splitlines()
     for i in range(2):
-        assert f"[worker {i}] " in run.stderr
         assert any(line.startswith(f"[worker {i}] ") and "Cluster from tf_config: 2 "
                    f"worker(s) (localhost:" in line and f"this process is worker {i}; 1 "
-                   "replica(s) per worker" in line for line in run.stderr.splitlines())
-    assert any(line.startswith("[worker 0] ") and "step 10/10" in line
-               for line in run.stderr.splitlines())
-    assert os.path.exists(tmp_path / "checkpoints" / "checkpoint")
+                   "replica(s) per worker" in line for line in lines), run.stderr[-3000:]
+        assert any(line.startswith(f"[worker {i}] ") and "Replicas disagree at step 10: 1 of "
+                   in line for line in lines), run.stderr[-3000:]
+    assert any(line.startswith("[worker 0] ") and "step 5/10" in line for line in lines)
+    assert "seed_cnn/dense_1/bias: replica 1 (worker 1) by up to 1e-06" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert run.returncode == 1
+    assert checkpoint_steps(tmp_path / "run" / "checkpoints") == [5]
 
 
 FAKE_WORKER = """

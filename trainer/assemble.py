@@ -16,6 +16,7 @@ from absl import logging
 
 import tasks
 from trainer.loop import actions as actions_lib
+from trainer.loop.consistency import consistency_check
 from trainer.loop.controller import Controller
 from trainer.loop.run_summary import mode_summary
 from trainer.modes import evaluator
@@ -102,7 +103,8 @@ def controller(trainer, evaluate=True, actions=()):
 
 
 def train_actions(trainer, evaluate=True, actions=()):
-    """In their order: Profile (`profile_steps`), LogTrain (`log_every`),
+    """In their order: ConsistencyCheck (`consistency_every`, and before every save and
+    evaluation), Profile (`profile_steps`), LogTrain (`log_every`),
     SaveCheckpoint (`checkpoint_every`, and whenever the run stops early), Evaluate
     (`eval_every`, if `evaluate`), BestCheckpoint (`best_metric`, with early stopping
     after `early_stop_patience` evaluations without improvement), Samples (input
@@ -137,6 +139,9 @@ def train_actions(trainer, evaluate=True, actions=()):
     profile = check_profile_steps(tc.profile_steps, trainer.train_steps)
     if profile:
         built.insert(0, Profile(*profile, os.path.join(trainer.workdir, "train")))
+    check = consistency_check(trainer, built)
+    if check:
+        built.insert(0, check)
     if config.export.enabled:
         check_export(config, trainer.task)  # now, not after training
         built.append(Export())

@@ -12,6 +12,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from trainer.assemble import MODES, run
+from trainer.loop.consistency import ReplicasDiverged
 from trainer.loop.signals import DiskFull, Preempted
 from trainer.runtime.distribute import build_strategy, is_chief
 from trainer.state.workdir import (EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, check_readable_workdir,
@@ -58,6 +59,10 @@ def main(argv):
         logging.error("%s", e)
         logging.flush()
         sys.exit(DiskFull.EXIT_STATUS)
+    except ReplicasDiverged as e:  # which variables and what to do; no traceback helps
+        logging.error("%s", e)
+        logging.flush()
+        sys.exit(1)
 
 
 def execute(config, workdir, mode):

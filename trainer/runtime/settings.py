@@ -49,8 +49,8 @@ def synchronizing_layers(layers):
 def check_trainer_config(tc):
     """Fails on `config.trainer` values the loop cannot honour, naming the fix."""
     for name in ("train_steps", "steps_per_loop", "log_every", "checkpoint_every",
-                 "eval_every", "early_stop_patience"):
-        value, minimum = tc[name], 1 if name in ("train_steps", "steps_per_loop") else 0
+                 "eval_every", "early_stop_patience", "consistency_every"):
+        value, minimum = tc.get(name, 0), 1 if name in ("train_steps", "steps_per_loop") else 0
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             raise ValueError(
                 f"trainer.{name}={value!r} must be an integer >= {minimum}"
