@@ -48,7 +48,7 @@ def worker_config(steps, accumulation_steps=1):
     c.data.update(source="synthetic", synthetic_train_size=512, synthetic_test_size=64,
                   global_batch_size=32)
     c.trainer.update(train_steps=int(steps), steps_per_loop=5, log_every=5, eval_every=10,
-                     checkpoint_every=10)
+                     checkpoint_every=10, jit_compile="off")  # compared with other runs
     if int(accumulation_steps) > 1:
         c.trainer.accumulation_steps = int(accumulation_steps)
         c.data.global_batch_size //= int(accumulation_steps)

@@ -53,7 +53,11 @@ def assert_same_weights(out_dir, step):
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
-def test_two_workers_train_alike_and_only_the_chief_writes(tmp_path):
+def test_two_workers_learn_what_one_process_with_two_replicas_does(tmp_path):
+    """2 processes x 1 replica against 1 process x 2 replicas (same global batch, seed and
+    data): the same weights and per-step losses to reduction-order noise, far closer than
+    a run with another seed; then the one process resumes the workers' step-10 checkpoint
+    and ends where the workers did. Only the chief writes the workdir."""
     workdir = tmp_path / "wd"
     procs = start_workers(workdir, tmp_path, steps=20)
     codes = finish(procs, timeout=240)
@@ -64,10 +68,38 @@ def test_two_workers_train_alike_and_only_the_chief_writes(tmp_path):
     assert checkpoints(workdir) == [10, 20]
     written = sorted(n for n in os.listdir(workdir) if not n.startswith("events.out"))
     assert written == ["best", "checkpoints", "config.json", "eval", "goodput.jsonl",
-                       "jit_compile.json", "summary.json", "train"]
+                       "summary.json", "train"]
     assert json.load(open(workdir / "summary.json"))["replicas"] == 2
     for i in range(2):  # the config's action ran on every worker at its steps
         assert open(tmp_path / f"worker{i}.npz.steps").read().split() == ["5", "10", "15", "20"]
+
+    from conftest import build, scalars, two_replicas
+    from multi_worker_main import worker_config
+    workers = np.load(tmp_path / "worker0.npz")
+    workers = [workers[f"w{i}"] for i in range(len(workers.files) - 1)]
+    workers_loss = np.array([v for _, v in scalars(workdir, "train")["loss"]])
+    assert len(workers_loss) == 20
+
+    def one_process(name, seed=0, resume_from=None):
+        config = worker_config(20)
+        config.seed, config.distribution.strategy = seed, "mirrored"
+        trainer = build(config, tmp_path / name, two_replicas())
+        if resume_from:
+            trainer.restore(str(resume_from))
+        trainer.train()
+        return ([w.numpy() for w in trainer.model.weights],
+                np.array([v for _, v in scalars(tmp_path / name, "train")["loss"]]))
+
+    def distance(weights):
+        return max(float(np.max(np.abs(a - b))) for a, b in zip(weights, workers))
+
+    weights, loss = one_process("one")
+    other_weights, other_loss = one_process("other_seed", seed=1)
+    resumed, _ = one_process("resumed", resume_from=workdir / "checkpoints" / "ckpt-10")
+    noise = distance(other_weights)
+    assert distance(weights) < noise / 100, (distance(weights), noise)
+    assert distance(resumed) < noise / 100, (distance(resumed), noise)
+    assert np.max(np.abs(loss - workers_loss)) < np.max(np.abs(other_loss - workers_loss)) / 100
 
 
 def test_a_stop_asked_on_the_chief_alone_stops_every_worker_at_that_step(tmp_path):
