@@ -1,8 +1,10 @@
 """Labelled images written as a class folder (PNG) or as TFRecord shards of
-tf.train.Example: the inputs of benchmarks/input.py and of the file-format tests."""
+tf.train.Example: the inputs of the benchmarks and of the file-format tests."""
 
 import os
+import shutil
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -30,3 +32,37 @@ def write_tfrecords(prefix, images, labels, shards=3, keys=("image/encoded",
             for x, y in zip(images[s::shards], labels[s::shards]):
                 w.write(example(tf.io.encode_png(x).numpy(), y, keys).SerializeToString())
     return f"{prefix}-*"
+
+
+def make_images(n, seed=0):
+    """n distinct 32x32 RGB uint8 images and labels from the digits."""
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(digits.target), n)
+    base = (digits.images[pick] * (255 / 16)).repeat(4, axis=1).repeat(4, axis=2)
+    tint = rng.uniform(0.3, 1.0, (n, 1, 1, 3))
+    shifted = np.stack([np.roll(b, tuple(rng.integers(-3, 4, 2)), axis=(0, 1)) for b in base])
+    images = shifted[..., None] * tint + rng.normal(0, 12, (n, 32, 32, 3))
+    return np.clip(images, 0, 255).astype(np.uint8), digits.target[pick].astype(np.int64)
+
+
+def write_data(root, n):
+    """root/{folder/{train,eval}, tfrecord/{train,eval}-*, cifar/cifar-10-batches-py}."""
+    from tasks import cifar10_data
+    done = os.path.join(root, f"done_{n}")  # written last: a complete set of n images
+    if os.path.exists(done):
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    images, labels = make_images(n + 2000)
+    train, test = slice(0, n), slice(n, None)
+    for split, part in (("train", train), ("eval", test)):
+        write_folder(os.path.join(root, "folder", split), images[part], labels[part])
+        write_tfrecords(os.path.join(root, "tfrecord", split), images[part], labels[part],
+                        shards=16 if split == "train" else 2)
+    cifar10_data.write_folder(cifar10_data.Cifar10(
+        images[train], labels[train].astype(np.int32), images[test],
+        labels[test].astype(np.int32), source="benchmark images"),
+        os.path.join(root, "cifar", cifar10_data.FOLDER))
+    tf.io.write_file(done, "")
+    return root

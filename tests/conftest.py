@@ -2,8 +2,10 @@
 
 import functools
 import os
+import subprocess
 import sys
 import tempfile
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The CPU peak for MFU is cached per machine (trainer/step/flops.py): the suite's, measured
@@ -12,6 +14,7 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="tftrainer-tests-cache-")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -71,6 +74,43 @@ def checkpoint_steps(directory):
     """The steps of the checkpoints a CheckpointManager keeps in `directory`."""
     state = tf.train.get_checkpoint_state(str(directory))
     return [int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths] if state else []
+
+
+def kill_relaunch_and_compare(launch_args, tmp_path):
+    """Runs `launch.py launch_args` (30 steps, checkpoints every 10, deterministic) twice
+    side by side; SIGKILLs one after its step 15 (ckpt-10 complete), relaunches it, and
+    asserts both ckpt-30 bitwise equal. Returns the relaunch's stderr."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    args = [sys.executable, "launch.py", *launch_args]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    # (deterministic ops: sharing the cores changes no value)
+    whole = subprocess.Popen(args + [f"--workdir={tmp_path / 'whole'}"], cwd=root, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    killed = subprocess.Popen(args + [f"--workdir={tmp_path / 'killed'}"], cwd=root, env=env,
+                              stderr=subprocess.PIPE, text=True)
+    for line in killed.stderr:
+        if "step 15/30" in line:  # steps after the newest checkpoint will be lost
+            break
+    deadline = time.monotonic() + 60  # (ckpt-10 may be written asynchronously)
+    while 10 not in checkpoint_steps(tmp_path / "killed" / "checkpoints"):
+        assert time.monotonic() < deadline, "ckpt-10 never completed"
+        time.sleep(0.05)
+    killed.kill()
+    killed.wait(timeout=60)
+    assert 30 not in checkpoint_steps(tmp_path / "killed" / "checkpoints")
+    whole_log = whole.communicate(timeout=300)[1]
+    assert whole.returncode == 0, whole_log[-2000:]
+    resumed = subprocess.run(args + [f"--workdir={tmp_path / 'killed'}"], cwd=root, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Restored" in resumed.stderr and "step 30/30" in resumed.stderr
+    a = tf.train.load_checkpoint(str(tmp_path / "whole" / "checkpoints" / "ckpt-30"))
+    b = tf.train.load_checkpoint(str(tmp_path / "killed" / "checkpoints" / "ckpt-30"))
+    names = list(a.get_variable_to_shape_map())
+    assert len(names) > 10
+    for name in names:
+        np.testing.assert_array_equal(a.get_tensor(name), b.get_tensor(name), err_msg=name)
+    return resumed.stderr
 
 
 def scalars(workdir, run):

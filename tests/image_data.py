@@ -2,7 +2,6 @@
 shipped in its wheel) written as a PNG class folder, as TFRecord shards and as a TFDS
 dataset prepared offline."""
 
-import os
 
 import numpy as np
 

@@ -1,11 +1,7 @@
 """`trainer.consistency_every`: replicas that drift apart are named and stop the run."""
 
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -14,7 +10,6 @@ from replica_drift import OneReplicaDrifts
 from trainer import assemble
 from trainer.loop.consistency import ConsistencyCheck, ReplicasDiverged
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIFTING = "seed_cnn/dense_1/bias"
 
 
@@ -57,3 +52,10 @@ def test_without_drift_the_check_passes_at_its_steps_and_before_saves(tmp_path, 
     controller.train()
     assert checked == [4, 6, 8, 10, 12, 13]
     assert controller.actions[0].last_equal == 13
+
+
+def test_one_replica_has_nothing_to_compare(tmp_path, caplog):
+    caplog.set_level("INFO")
+    config = tiny_config(**{"trainer.consistency_every": 5, "trainer.train_steps": 5})
+    build(config, tmp_path).train(evaluate=False)
+    assert "trainer.consistency_every=5: one replica, nothing to compare." in caplog.text

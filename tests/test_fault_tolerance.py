@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import keras
 import numpy as np
@@ -15,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tasks
-from conftest import build, checkpoint_steps, tiny_config, two_replicas
+from conftest import build, checkpoint_steps, kill_relaunch_and_compare, tiny_config, two_replicas
 from trainer import Trainer
 from trainer.state.checkpoints import IncompatibleCheckpointError
 from trainer.state.workdir import WorkdirLock, check_workdir
@@ -160,45 +159,15 @@ MODELS_WITH_STATE = {
 
 @pytest.mark.parametrize("model", sorted(MODELS_WITH_STATE))
 def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path, model):
-    args = [sys.executable, "launch.py", *MODELS_WITH_STATE[model], "--mode=train",
-            "--config.data.source=synthetic", "--config.precision=float32",
-            "--config.distribution.strategy=default", "--config.data.global_batch_size=16",
-            "--config.data.synthetic_train_size=256", "--config.data.synthetic_test_size=32",
-            "--config.trainer.steps_per_loop=5", "--config.trainer.log_every=5",
-            "--config.trainer.checkpoint_every=10", "--config.trainer.train_steps=30",
-            "--config.trainer.deterministic=True",
-            "--config.trainer.jit_compile=off"]  # (auto could time the two runs apart)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    # The uninterrupted run goes side by side with the one to kill (deterministic ops:
-    # sharing the cores changes no value).
-    whole = subprocess.Popen(args + [f"--workdir={tmp_path / 'whole'}"], cwd=ROOT, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    killed = subprocess.Popen(args + [f"--workdir={tmp_path / 'killed'}"], cwd=ROOT, env=env,
-                              stderr=subprocess.PIPE, text=True)
-    for line in killed.stderr:
-        if "step 15/30" in line:  # steps after the newest checkpoint will be lost
-            break
-    # (ckpt-10 is written asynchronously: named once complete)
-    deadline = time.monotonic() + 60
-    while 10 not in checkpoint_steps(tmp_path / "killed" / "checkpoints"):
-        assert time.monotonic() < deadline, "ckpt-10 never completed"
-        time.sleep(0.05)
-    killed.kill()
-    killed.wait(timeout=60)
-    assert 30 not in checkpoint_steps(tmp_path / "killed" / "checkpoints")
-    whole_log = whole.communicate(timeout=300)[1]
-    assert whole.returncode == 0, whole_log[-2000:]
-    resumed = subprocess.run(args + [f"--workdir={tmp_path / 'killed'}"], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "stale lock" in resumed.stderr and "Restored" in resumed.stderr
-
-    a = tf.train.load_checkpoint(str(tmp_path / "whole" / "checkpoints" / "ckpt-30"))
-    b = tf.train.load_checkpoint(str(tmp_path / "killed" / "checkpoints" / "ckpt-30"))
-    names = list(a.get_variable_to_shape_map())
-    assert len(names) > 10
-    for name in names:
-        np.testing.assert_array_equal(a.get_tensor(name), b.get_tensor(name), err_msg=name)
+    relaunch_log = kill_relaunch_and_compare([
+        *MODELS_WITH_STATE[model], "--mode=train", "--config.data.source=synthetic",
+        "--config.precision=float32", "--config.distribution.strategy=default",
+        "--config.data.global_batch_size=16", "--config.data.synthetic_train_size=256",
+        "--config.data.synthetic_test_size=32", "--config.trainer.steps_per_loop=5",
+        "--config.trainer.log_every=5", "--config.trainer.checkpoint_every=10",
+        "--config.trainer.train_steps=30", "--config.trainer.deterministic=True",
+        "--config.trainer.jit_compile=off"], tmp_path)  # (auto could time the runs apart)
+    assert "stale lock" in relaunch_log
 
 
 def test_a_checkpoint_of_another_model_size_is_named_not_skipped(tmp_path):

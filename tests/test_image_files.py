@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ import tasks
 from tasks import image_splits
 from trainer import assemble
 from configs import images
-from conftest import build, checkpoint_steps, override
+from conftest import build, kill_relaunch_and_compare, override
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMATS = ("folder", "tfrecord", "tfds_array_record", "tfds_tfrecord")
@@ -244,42 +243,16 @@ def test_bad_data_configs_are_named(tmp_path, digits_files):
 def test_sigkill_and_relaunch_on_tfrecords_ends_bitwise_equal(tmp_path, digits_files):
     """A ResNet (its batch normalization statistics resume too) on TFRecords."""
     data = digits_files["tfrecord"]
-    args = [sys.executable, "launch.py", "--config=configs/images.py", "--mode=train",
-            f"--config.data.train={data['train']}", f"--config.data.eval={data['eval']}",
-            "--config.data.format=tfrecord", "--config.data.num_classes=10",
-            "--config.data.image_size=8", "--config.data.global_batch_size=16",
-            "--config.model.width=4", "--config.model.blocks_per_stage=1",
-            "--config.precision=float32", "--config.distribution.strategy=default",
-            "--config.optimizer.warmup_steps=5", "--config.trainer.steps_per_loop=5",
-            "--config.trainer.log_every=5", "--config.trainer.checkpoint_every=10",
-            "--config.trainer.train_steps=30", "--config.trainer.deterministic=True",
-            "--config.trainer.jit_compile=off"]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    whole = subprocess.Popen(args + [f"--workdir={tmp_path / 'whole'}"], cwd=ROOT, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    killed = subprocess.Popen(args + [f"--workdir={tmp_path / 'killed'}"], cwd=ROOT, env=env,
-                              stderr=subprocess.PIPE, text=True)
-    for line in killed.stderr:
-        if "step 15/30" in line:
-            break
-    deadline = time.monotonic() + 60
-    while 10 not in checkpoint_steps(tmp_path / "killed" / "checkpoints"):
-        assert time.monotonic() < deadline, "ckpt-10 never completed"
-        time.sleep(0.05)
-    killed.kill()
-    killed.wait(timeout=60)
-    whole_log = whole.communicate(timeout=300)[1]
-    assert whole.returncode == 0, whole_log[-2000:]
-    resumed = subprocess.run(args + [f"--workdir={tmp_path / 'killed'}"], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "Restored" in resumed.stderr and "step 30/30" in resumed.stderr
-    a = tf.train.load_checkpoint(str(tmp_path / "whole" / "checkpoints" / "ckpt-30"))
-    b = tf.train.load_checkpoint(str(tmp_path / "killed" / "checkpoints" / "ckpt-30"))
-    names = list(a.get_variable_to_shape_map())
-    assert len(names) > 10
-    for name in names:
-        np.testing.assert_array_equal(a.get_tensor(name), b.get_tensor(name), err_msg=name)
+    kill_relaunch_and_compare([
+        "--config=configs/images.py", "--mode=train", f"--config.data.train={data['train']}",
+        f"--config.data.eval={data['eval']}", "--config.data.format=tfrecord",
+        "--config.data.num_classes=10", "--config.data.image_size=8",
+        "--config.data.global_batch_size=16", "--config.model.width=4",
+        "--config.model.blocks_per_stage=1", "--config.precision=float32",
+        "--config.distribution.strategy=default", "--config.optimizer.warmup_steps=5",
+        "--config.trainer.steps_per_loop=5", "--config.trainer.log_every=5",
+        "--config.trainer.checkpoint_every=10", "--config.trainer.train_steps=30",
+        "--config.trainer.deterministic=True", "--config.trainer.jit_compile=off"], tmp_path)
 
 
 def weights(trainer):

@@ -71,14 +71,17 @@ class ConsistencyCheck(Action):
     def begin(self, controller):
         trainer = controller.trainer
         self.strategy = trainer.strategy
-        self.named = checked_variables(trainer)
         self.replicas = self.strategy.num_replicas_in_sync
+        if self.replicas == 1:
+            logging.info("trainer.consistency_every=%d: one replica, nothing to compare.",
+                         self.every)
+            return
+        self.named = checked_variables(trainer)
         # Replicas are numbered worker by worker, each with its local devices.
         self.per_worker = len(self.strategy.extended.worker_devices)
         self._fingerprints = tf.function(self._fingerprints_fn)
         logging.info("Consistency check every %d steps and before each save and evaluation: "
-                     "%d variables on %d replica(s)%s.", self.every, len(self.named),
-                     self.replicas, "" if self.replicas > 1 else " (nothing to compare)")
+                     "%d variables on %d replicas.", self.every, len(self.named), self.replicas)
 
     def should_run(self, controller, step, logs):
         return self.replicas > 1 and (

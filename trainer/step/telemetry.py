@@ -15,10 +15,8 @@ With `every = 0` none of this is traced into the step.
 
 import contextlib
 import math
-import re
 
 import tensorflow as tf
-from absl import logging
 
 
 FLOAT16_TINY, FLOAT16_MAX = 2.0**-24, 65504.0
