@@ -1,6 +1,7 @@
 """trainer.jit_compile: on, off, or auto (timed on the first launch, stored for the next)."""
 
 import json
+import re
 
 import pytest
 import tensorflow as tf
@@ -11,22 +12,36 @@ from trainer.loop import jit_choice as jit_choice_loop
 from trainer.runtime import settings as jit_choice
 
 
-def test_auto_times_both_keeps_the_faster_and_a_relaunch_reuses_it(tmp_path, caplog):
-    caplog.set_level("INFO")
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """A user cache of this test's own, and runs long enough to time XLA on a CPU."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(jit_choice_loop, "LONG_RUN_SECONDS", 0.0)
+
+
+def auto_config(**overrides):
     # (Dense layers: XLA compiles them under the op determinism other tests turn on,
     # where it refuses MaxPool's gradient.)
-    config = zoo.zoo_config("dict_inputs", **{"trainer.jit_compile": "auto"})
+    return zoo.zoo_config("dict_inputs", **{"trainer.jit_compile": "auto", **overrides})
+
+
+def log_line(caplog, text):
+    return next(r.getMessage() for r in caplog.records if text in r.getMessage())
+
+
+def test_auto_times_both_keeps_the_faster_and_a_relaunch_reuses_it(tmp_path, caplog,
+                                                                    own_cache):
+    caplog.set_level("INFO")
+    config = auto_config()
     trainer = build(config, tmp_path, two_replicas())
     assert trainer.jit_compile == "auto"
     trainer.train(evaluate=False)
     stored = json.load(open(tmp_path / "jit_compile.json"))
-    seconds = stored["seconds_per_call"]
-    assert seconds["no_xla"] > 0 and seconds["xla"] > 0
-    assert stored["jit_compile"] == (seconds["xla"] < seconds["no_xla"])
+    line = log_line(caplog, "jit_compile=auto: ")
+    xla_ms, no_xla_ms = map(float, re.search(
+        r"the pass takes ([0-9.]+) ms with XLA, ([0-9.]+) ms without", line).groups())
+    assert stored["jit_compile"] == (xla_ms < no_xla_ms) and "cached in" in line
     assert trainer.jit_compile is stored["jit_compile"]
-    line = next(r.getMessage() for r in caplog.records
-                if "jit_compile=auto: the forward" in r.getMessage())
-    assert "with XLA" in line and "without" in line
     # The timing left no trace: 4 steps from the same start as a run told the choice.
     told = build(_config(config, "on" if stored["jit_compile"] else "off"),
                  tmp_path / "told", two_replicas())
@@ -43,16 +58,52 @@ def test_auto_times_both_keeps_the_faster_and_a_relaunch_reuses_it(tmp_path, cap
     assert any("as chosen for this workdir before" in r.getMessage() for r in caplog.records)
 
 
+def test_a_timing_in_the_user_cache_serves_a_new_run_of_the_same_model(tmp_path, caplog,
+                                                                       monkeypatch, own_cache):
+    caplog.set_level("INFO")
+    timed = []
+    real = jit_choice_loop._seconds_per_call
+    monkeypatch.setattr(jit_choice_loop, "_seconds_per_call",
+                        lambda trainer, xla: timed.append(xla) or real(trainer, xla))
+    build(auto_config(), tmp_path / "first", two_replicas()).train(evaluate=False)
+    assert timed == [False, True]
+    first = json.load(open(tmp_path / "first" / "jit_compile.json"))["jit_compile"]
+    caplog.clear()
+    second = build(auto_config(), tmp_path / "second", two_replicas())
+    second.train(evaluate=False)
+    assert timed == [False, True] and second.jit_compile is first
+    assert "as timed before for this model, batch, precision and device" in log_line(
+        caplog, "jit_compile=auto: ")
+    # another micro-batch is another pass: timed again
+    build(auto_config(**{"data.global_batch_size": 16}), tmp_path / "third",
+          two_replicas()).train(evaluate=False)
+    assert timed == [False, True, False, True]
+
+
+def test_a_short_run_on_a_cpu_is_not_timed_with_xla(tmp_path, caplog, monkeypatch):
+    caplog.set_level("INFO")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    timed = []
+    monkeypatch.setattr(jit_choice_loop, "_seconds_per_call",
+                        lambda trainer, xla: timed.append(xla) or 0.01)
+    trainer = build(auto_config(**{"trainer.train_steps": 5}), tmp_path / "run")
+    trainer.train(evaluate=False)
+    assert timed == [False] and trainer.jit_compile is False
+    line = log_line(caplog, "jit_compile=auto: ")
+    assert ("the pass takes 10.00 ms without XLA: 5 passes left, ~0 s, too short to earn "
+            "back timing XLA on a CPU") in line
+    assert not (tmp_path / "cache" / "tftrainer" / "jit_compile.json").exists()
+
+
 @pytest.mark.parametrize("xla_seconds, chosen", [(0.5, True), (2.0, False), (None, False)])
-def test_auto_keeps_the_faster(tmp_path, monkeypatch, xla_seconds, chosen):
+def test_auto_keeps_the_faster(tmp_path, monkeypatch, xla_seconds, chosen, own_cache):
     """The choice follows the timings both ways (None: XLA cannot compile the pass)."""
     def timed(trainer, xla):
         if xla and xla_seconds is None:
             raise tf.errors.InvalidArgumentError(None, None, "no XLA kernel")
         return xla_seconds if xla else 1.0
     monkeypatch.setattr(jit_choice_loop, "_seconds_per_call", timed)
-    trainer = build(zoo.zoo_config("dict_inputs", **{"trainer.jit_compile": "auto",
-                                                     "trainer.train_steps": 2}), tmp_path)
+    trainer = build(auto_config(**{"trainer.train_steps": 2}), tmp_path)
     trainer.train(evaluate=False)
     assert trainer.jit_compile is chosen
     assert json.load(open(tmp_path / "jit_compile.json"))["jit_compile"] is chosen

@@ -3,23 +3,31 @@
 "on" and "off" force it; TPUs always compile. "auto" (the default) times the
 forward and backward pass (the part `jit_compile` changes; the all-reduce and
 the update are outside it) on one real batch both ways, a few calls each after
-its compilation, keeps the faster, logs both, and stores the choice in
-`workdir/jit_compile.json`, so a relaunch neither pays for the timing again
-nor switches mid-run (XLA changes the numerics slightly). XLA was measured 3x
-slower for the CIFAR CNN on a CPU and 1.22x faster for the float32 LM: no
-single default fits every model.
+its compilation, and keeps the faster. XLA can win on GPUs; on a CPU it lost on
+every shipped model (0.05-0.48x), and its compile and timing cost seconds, so
+there it is timed only for a run long enough to earn that back
+(`LONG_RUN_SECONDS` of steps without XLA). The choice is stored in
+`workdir/jit_compile.json`, so a relaunch neither times again nor switches mid-run
+(XLA changes the numerics slightly), and a timing in the user's cache
+(trainer/runtime/user_cache.py) by model, batch, precision and device, so a new
+run of the same model skips it. The log line says which of these decided.
 """
 
+import hashlib
 import os
 import time
 
 import tensorflow as tf
 from absl import logging
 
+from trainer.runtime import user_cache
+from trainer.runtime.host import cores, cpu_name
 from trainer.state.workdir import read_json
 
 CHOICE_FILE = "jit_compile.json"
+CACHE = "jit_compile.json"
 TIMED_CALLS = 5
+LONG_RUN_SECONDS = 600.0  # on a CPU, steps left worth this long are worth timing XLA
 
 
 def choose_jit(controller):
@@ -33,22 +41,70 @@ def choose_jit(controller):
         logging.info("jit_compile=%s, as chosen for this workdir before (%s).",
                      "on" if xla else "off", path)
         return controller.any_worker(xla)
-    times = {False: _seconds_per_call(trainer, False)}
-    try:
-        times[True] = _seconds_per_call(trainer, True)
-    except tf.errors.OpError as e:  # e.g. an op XLA cannot compile (under op determinism)
-        logging.info("jit_compile=auto: XLA cannot compile this model's pass here (%s).",
-                     str(e).strip().splitlines()[0][:200])
-        times[True] = None
-    # Every worker runs the same program: XLA if any worker found it faster.
-    xla = controller.any_worker(times[True] is not None and times[True] < times[False])
-    logging.info("jit_compile=auto: the forward and backward pass takes %s with XLA, "
-                 "%.2f ms without: jit_compile=%s (stored in %s).",
-                 "-" if times[True] is None else f"{1e3 * times[True]:.2f} ms",
-                 1e3 * times[False], "on" if xla else "off", path)
-    controller.files.write_json(path, {"jit_compile": xla, "seconds_per_call": {
-        "xla": times[True], "no_xla": times[False]}})
+    key = cache_key(trainer)
+    cached = user_cache.read(CACHE).get(key)
+    if isinstance(cached, dict) and isinstance(cached.get("jit_compile"), bool):
+        xla = cached["jit_compile"]
+        why = f"as timed before for this model, batch, precision and device ({cached['times']})"
+        stored_in = user_cache.path(CACHE)
+    else:
+        xla, why, stored_in = _timed_choice(trainer, key)
+    # Every worker runs the same program: XLA if any worker chose it.
+    xla = controller.any_worker(xla)
+    logging.info("jit_compile=auto: jit_compile=%s, %s (stored in %s; %s).",
+                 "on" if xla else "off", why, path, stored_in)
+    controller.files.write_json(path, {"jit_compile": xla, "why": why})
     return xla
+
+
+def _timed_choice(trainer, key):
+    """(XLA or not, why, where the timing is kept) from timing the pass."""
+    no_xla = _seconds_per_call(trainer, False)
+    steps_left = (trainer.train_steps - int(trainer.step.numpy())) * trainer.accumulation_steps
+    if _device_type(trainer.strategy) == "CPU" and steps_left * no_xla < LONG_RUN_SECONDS:
+        return False, (
+            f"the pass takes {1e3 * no_xla:.2f} ms without XLA: {steps_left} passes left, "
+            f"~{steps_left * no_xla:.0f} s, too short to earn back timing XLA on a CPU (less "
+            f"than {LONG_RUN_SECONDS:.0f} s; jit_compile=on forces it)"), "not timed with XLA"
+    try:
+        xla = _seconds_per_call(trainer, True)
+    except tf.errors.OpError as e:  # e.g. an op XLA cannot compile (under op determinism)
+        return False, ("XLA cannot compile this model's pass here: "
+                       f"{str(e).strip().splitlines()[0][:200]}"), "not cached"
+    times = f"{1e3 * xla:.2f} ms with XLA, {1e3 * no_xla:.2f} ms without"
+    kept = user_cache.store(CACHE, key, {"jit_compile": xla < no_xla, "times": times})
+    return xla < no_xla, f"the pass takes {times}", kept
+
+
+def cache_key(trainer):
+    """What the choice depends on: the model (its variables' names, shapes and dtypes), a
+    replica's micro-batch (its features' specs), the precision policy, the device and
+    TensorFlow's version."""
+    variables = ";".join(f"{n}:{v.shape}:{v.dtype}" for n, v in trainer.variable_names.items())
+    context = tf.distribute.InputContext(1, 0, trainer.strategy.num_replicas_in_sync)
+    features = trainer.task.build_inputs("train", context, 0).element_spec
+    digest = hashlib.sha256(f"{variables}|{features}".encode()).hexdigest()[:16]
+    return (f"{type(trainer.model).__name__} {digest}, {trainer.policy}, "
+            f"{_device_kind(trainer.strategy)}, TF {tf.__version__}")
+
+
+def _device_type(strategy):
+    """CPU, GPU or TPU: where the replicas run."""
+    try:
+        device = strategy.extended.worker_devices[0]
+    except RuntimeError:  # the default strategy: TensorFlow's placement, a GPU if any
+        return "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+    return tf.DeviceSpec.from_string(device).device_type or "CPU"
+
+
+def _device_kind(strategy):
+    """The device a replica runs on: its type and, for a CPU its model and cores, for a
+    GPU its name."""
+    kind = _device_type(strategy)
+    if kind == "GPU":
+        gpu = tf.config.list_physical_devices("GPU")[0]
+        return f"GPU: {tf.config.experimental.get_device_details(gpu).get('device_name', '?')}"
+    return f"{kind}: {cpu_name()}, {cores()} cores" if kind == "CPU" else kind
 
 
 def _seconds_per_call(trainer, xla):

@@ -17,15 +17,18 @@ the replicas).
 """
 
 import functools
-import json
 import math
 import os
-import platform
 import re
 import time
 
 import tensorflow as tf
 from absl import logging
+
+from trainer.runtime import user_cache
+from trainer.runtime.host import cores, cpu_name
+
+PEAK_CACHE = "cpu_peak.json"
 
 # Dense peak TFLOP/s per chip: NVIDIA A100 / H100 / H200 SXM datasheets (float32 matmuls
 # run as TF32, TensorFlow's default on these GPUs), Google Cloud TPU system architecture
@@ -84,57 +87,19 @@ def train_flops_per_example(task, model, example_spec):
 
 def cpu_peak(dtype):
     """(FLOP/s of a square matmul in `dtype` on this CPU, where the figure comes from).
-    Measured once per machine (CPU model, cores) and dtype, then read from
-    `$XDG_CACHE_HOME/tftrainer/cpu_peak.json` (delete it to measure again): a timing
-    in every run moved MFU 3x from run to run. A timing while other processes had
-    the CPU reads low (half, with one of two cores taken) and is not kept; a cache
-    that cannot be read or written costs a measurement, not the run."""
-    path = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                        "tftrainer", "cpu_peak.json")
-    key = f"{_cpu_name()}, {_cores()} cores, {dtype}"
-    cached = _read_peaks(path)
-    if isinstance(cached.get(key), float) and cached[key] > 0:
-        return cached[key], f"{dtype} matmul on this CPU, read from {path}"
+    Measured once per machine (CPU model, cores) and dtype, then read from the user's
+    cache (trainer/runtime/user_cache.py): a timing in every run moved MFU 3x from
+    run to run. A timing while other processes had the CPU reads low (half, with one
+    of two cores taken) and is not kept."""
+    key = f"{cpu_name()}, {cores()} cores, {dtype}"
+    cached = user_cache.read(PEAK_CACHE).get(key)
+    if isinstance(cached, float) and cached > 0:
+        return cached, f"{dtype} matmul on this CPU, read from {user_cache.path(PEAK_CACHE)}"
     peak, others = _matmul_flops(dtype)
     if others > 0.1:
         return peak, (f"{dtype} matmul on this CPU, measured now, not cached: other "
                       f"processes had {others:.0%} of the CPU meanwhile")
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(f"{path}.{os.getpid()}", "w") as f:  # replaced whole: no half-written cache
-            json.dump(dict(cached, **{key: peak}), f, indent=1)
-        os.replace(f"{path}.{os.getpid()}", path)
-        kept = f"cached in {path}"
-    except OSError as e:
-        kept = f"not cached: {e}"
-    return peak, f"{dtype} matmul on this CPU, measured now, {kept}"
-
-
-def _read_peaks(path):
-    """The cache's {key: FLOP/s}; {} if it is missing or unreadable."""
-    try:
-        with open(path) as f:
-            peaks = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return peaks if isinstance(peaks, dict) else {}
-
-
-def _cpu_name():
-    """The CPU's model name from /proc/cpuinfo (Linux), else the platform's."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _cores():
-    """The cores this process may run on (as TensorFlow's thread pools count them)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return peak, f"{dtype} matmul on this CPU, measured now, {user_cache.store(PEAK_CACHE, key, peak)}"
 
 
 @functools.lru_cache(maxsize=None)
@@ -153,7 +118,7 @@ def _matmul_flops(dtype, size=2048, seconds=0.5):
         matmul(a)[0, 0].numpy()
         best, trials = min(best, time.perf_counter() - start), trials + 1
     used = [after - before for before, after in zip(cpu, _cpu_seconds())]
-    others = (used[0] - used[1]) / ((time.perf_counter() - began) * _cores())
+    others = (used[0] - used[1]) / ((time.perf_counter() - began) * cores())
     return 2 * size**3 / best, max(others, 0.0)
 
 
