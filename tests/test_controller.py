@@ -334,3 +334,19 @@ def test_time_budget_counts_the_actions_due_after_the_next_chunk(tmp_path):
     assert summary["steps"] == 50 and summary["stopped"].startswith("time budget")
     assert summary["seconds"]["total"] <= 450.0
     assert checkpoint_steps(tmp_path / "checkpoints") == [50]
+
+
+def test_every_input_pipeline_of_a_run_runs_without_the_autotune_thread(tmp_path,
+                                                                          monkeypatch):
+    """tf.data's autotuning model thread made a finished run wait 6-17 s to exit (its
+    iterator's destructor waits for the thread's next optimization period)."""
+    trainer = build(tiny_config(**{"trainer.jit_compile": "auto",
+                                   "trainer.train_steps": 10}), tmp_path)
+    built = []
+    distribute = trainer.strategy.distribute_datasets_from_function
+    monkeypatch.setattr(trainer.strategy, "distribute_datasets_from_function",
+                        lambda fn, options=None: distribute(
+                            lambda ctx: built.append(fn(ctx)) or built[-1], options))
+    trainer.train()
+    assert len(built) == 3  # the jit choice's batch, train, eval
+    assert [ds.options().autotune.enabled for ds in built] == [False] * 3

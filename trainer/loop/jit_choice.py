@@ -23,6 +23,7 @@ from absl import logging
 from trainer.runtime import user_cache
 from trainer.runtime.host import cores, cpu_name
 from trainer.state.workdir import read_json
+from trainer.step.trainer import without_autotune_thread
 
 CHOICE_FILE = "jit_compile.json"
 CACHE = "jit_compile.json"
@@ -113,7 +114,7 @@ def _seconds_per_call(trainer, xla):
     statistics)."""
     strategy = trainer.strategy
     micro_batches = strategy.distribute_datasets_from_function(  # what one pass sees
-        lambda context: trainer.task.build_inputs("train", context, 0))
+        lambda context: without_autotune_thread(trainer.task.build_inputs("train", context, 0)))
     features, labels = next(iter(micro_batches))
     saved = [v.numpy() for v in trainer.model.variables]
     passes = trainer.forward_backward(xla)  # as the train step will run it

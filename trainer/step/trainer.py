@@ -42,6 +42,17 @@ def _step_variable(name):
                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
 
+def without_autotune_thread(dataset):
+    """`dataset` without tf.data's autotuning model, whose thread an iterator's destructor
+    waits for until its next optimization period: 6 to 17 s after the last step of a
+    run here, in 2 runs of 3. Without it a map's AUTOTUNE parallelism is the cores' and
+    a prefetch buffer still grows while the step waits for it (prefetch's own tuner):
+    as fast here (BUILD.md, "Input pipelines")."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
 def _clock_allowed():
     """Whether `tf.timestamp` runs: op determinism (`trainer.deterministic`, or enabled
     by anything else in the process, for good) refuses it."""
@@ -156,11 +167,11 @@ class Trainer(TrainStep):
         micro-batches of the input stream, grouped by optimizer step."""
         if split != "train":
             return self.strategy.distribute_datasets_from_function(
-                lambda ctx: self.task.build_inputs(split, ctx, 0))
+                lambda ctx: without_autotune_thread(self.task.build_inputs(split, ctx, 0)))
         start = int(self.step.numpy()) * self.accumulation_steps
         return self.strategy.distribute_datasets_from_function(
-            lambda ctx: batch_micro_steps(self.task.build_inputs(split, ctx, start),
-                                          self.accumulation_steps))
+            lambda ctx: without_autotune_thread(batch_micro_steps(
+                self.task.build_inputs(split, ctx, start), self.accumulation_steps)))
 
     def restore(self, path=None):
         """Restores checkpoint `path`, or the newest readable one of the workdir; returns
