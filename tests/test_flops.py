@@ -11,6 +11,7 @@ import tasks
 from conftest import build, scalars, tiny_config, two_replicas
 from tasks.lm import VOCAB
 from test_transformers import tiny_lm
+from trainer.runtime import host
 from trainer.step import flops
 
 
@@ -73,7 +74,7 @@ def test_the_cpu_peak_is_measured_once_per_machine_and_dtype(tmp_path, monkeypat
         5e11, f"bfloat16 matmul on this CPU, measured now, cached in {path}")
     assert flops.cpu_peak("bfloat16") == (5e11, f"bfloat16 matmul on this CPU, read from {path}")
     assert flops.cpu_peak("float32")[0] == 5e11 and measured == ["bfloat16", "float32"]
-    cores = f"{flops._cores()} cores"
+    cores = f"{host.cores()} cores"
     assert [k.split(", ")[-2:] for k in json.loads(path.read_text())] == [
         [cores, "bfloat16"], [cores, "float32"]]  # after the CPU's model name
     path.write_text('{"half a cache')  # corrupt: measured again and rewritten
