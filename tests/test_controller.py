@@ -340,6 +340,7 @@ def test_every_input_pipeline_of_a_run_runs_without_the_autotune_thread(tmp_path
                                                                           monkeypatch):
     """tf.data's autotuning model thread made a finished run wait 6-17 s to exit (its
     iterator's destructor waits for the thread's next optimization period)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the pass is timed
     trainer = build(tiny_config(**{"trainer.jit_compile": "auto",
                                    "trainer.train_steps": 10}), tmp_path)
     built = []

@@ -49,6 +49,25 @@ def test_cli_trains_resumes_and_evaluates(tmp_path):
     assert (summary["mode"], summary["step"], summary["stopped"]) == ("eval", 12, None)
     assert summary["checkpoint"].endswith("ckpt-12") and "accuracy" in summary["eval"]
     assert json.load(open(tmp_path / "summary.json"))["steps_this_run"] == 4
+    assert_start_phases(tmp_path)
+
+
+def assert_start_phases(workdir):
+    """Each launch's start, phase by phase, adds up to its time from the process's start
+    to its loop; the first launch timed XLA's choice (jit_compile=auto), the second read
+    it from the workdir; the FLOPs count is timed in the summary."""
+    starts = [json.loads(line) for line in open(workdir / "goodput.jsonl")
+              if '"start"' in line]
+    assert len(starts) == 2
+    for start in starts:
+        phases = start["phases"]
+        assert list(phases)[:3] == ["imports", "strategy", "build"] and "data" in phases
+        assert phases["imports"] > 1.0  # TensorFlow and Keras, at least
+        assert abs(sum(phases.values()) - (start["time"] - start["process_start"])) < 0.01
+    assert "jit_choice" in starts[0]["phases"] and "jit_choice" in starts[1]["phases"]
+    summary = json.load(open(workdir / "summary.json"))
+    assert summary["startup_seconds"] == starts[1]["phases"]
+    assert summary["flops_count_seconds"] > 0
 
 
 def test_misspelt_config_key_fails_before_any_work(tmp_path):

@@ -12,6 +12,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from trainer.assemble import MODES, run
+from trainer.loop import startup
 from trainer.loop.consistency import ReplicasDiverged
 from trainer.loop.signals import DiskFull, Preempted
 from trainer.runtime.distribute import build_strategy, is_chief
@@ -68,9 +69,11 @@ def main(argv):
 def execute(config, workdir, mode):
     """Runs `mode` on `workdir` (any filesystem tf.io.gfile knows: a path, gs://, ram://)."""
     import keras  # after flag parsing: keeps --help fast
+    startup.mark("imports")
     if mode in ("eval", "sample") or (mode == "export" and not config.export.checkpoint):
         check_readable_workdir(workdir, mode)  # (export.checkpoint: workdir is the output)
     strategy = build_strategy(config.distribution)  # first: multi-worker needs a fresh runtime
+    startup.mark("strategy")
     keras.utils.set_random_seed(config.seed)
     if mode in ("sample", "export") or not is_chief(strategy):
         # Read the workdir (export writes a new directory and summary_export.json, next

@@ -17,6 +17,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer.loop import actions as actions_lib
+from trainer.loop import startup
 from trainer.loop.divergence import check_finite
 from trainer.loop.goodput import Ledger, launch_start
 from trainer.loop.jit_choice import choose_jit
@@ -50,6 +51,7 @@ class Controller:
         self.last_eval = self.last_train = None  # the latest eval/train metrics logged
         self._requested = None
         self._signalled = False
+        self.startup = {}  # {phase: seconds} from the launch to the loop (startup.py)
 
     @property
     def is_chief(self):
@@ -89,16 +91,21 @@ class Controller:
         trainer.checkpoints.remove_partial_writes()  # a write a kill or a full disk cut short
         trainer.restore_or_warm_start()
         restore_seconds = self.clock() - restoring
+        startup.mark("restore")
         if trainer.jit_compile == "auto":
             trainer.use_jit(choose_jit(self))
+            startup.mark("jit_choice")
         self.step = self.start_step = int(trainer.step.numpy())
         iterator = iter(trainer.distributed_dataset("train"))  # bad data fails before any write
+        startup.mark("data")
         for action in self.actions:
             action.begin(self)
         write_start(self)
         self._agree_on_requests()
-        self.ledger.start(launched, self.step, restore_seconds,
-                          self.seconds)
+        self.startup = startup.take(launched)
+        logging.info("%.1f s from the launch to the loop: %s.", sum(self.startup.values()),
+                     startup.describe(self.startup))
+        self.ledger.start(launched, self.step, restore_seconds, self.seconds, self.startup)
         self.loop_started = self.clock()
         # From here on, a run ends with summary.json (before: a failure leaves the
         # previous run's summary as it was).

@@ -76,13 +76,14 @@ class Ledger:
         self._pending, self._flushed, self._failed = [], 0.0, False
         self._flush_every = 0.0 if is_local(workdir) else self.REMOTE_FLUSH_SECONDS
 
-    def start(self, launched, step, restore_seconds, seconds):
+    def start(self, launched, step, restore_seconds, seconds, phases=None):
         """The loop of the launch that started at `launched` (epoch seconds) is about to
-        start at `step`; `seconds`: the Controller's running totals by kind."""
+        start at `step`; `seconds`: the Controller's running totals by kind; `phases`:
+        {phase: seconds} of the start (trainer/loop/startup.py)."""
         if self.is_chief and not self._ends_a_line():  # a kill cut the last event short:
             self._pending.append("\n")  # without this, the start would join its line
         self._append("start", process_start=round(launched, 4), step=step,
-                     restore_seconds=round(restore_seconds, 4))
+                     restore_seconds=round(restore_seconds, 4), phases=phases or {})
         self._last_seconds = dict(seconds)
 
     def cycle(self, step, steps, seconds):

@@ -59,21 +59,29 @@ def choose_jit(controller):
 
 
 def _timed_choice(trainer, key):
-    """(XLA or not, why, where the timing is kept) from timing the pass."""
-    no_xla = _seconds_per_call(trainer, False)
+    """(XLA or not, why, where the timing is kept) from timing the pass; the time without
+    XLA alone is cached too, so that short runs of a model time it once."""
+    cached = user_cache.read(CACHE).get(key)
+    no_xla = (cached["no_xla_seconds"] if isinstance(cached, dict)
+              and isinstance(cached.get("no_xla_seconds"), float) else None)
+    kept = "timed before without XLA" if no_xla else None
+    if no_xla is None:
+        no_xla = _seconds_per_call(trainer, False)
+        kept = user_cache.store(CACHE, key, {"no_xla_seconds": no_xla})
     steps_left = (trainer.train_steps - int(trainer.step.numpy())) * trainer.accumulation_steps
     if _device_type(trainer.strategy) == "CPU" and steps_left * no_xla < LONG_RUN_SECONDS:
         return False, (
             f"the pass takes {1e3 * no_xla:.2f} ms without XLA: {steps_left} passes left, "
             f"~{steps_left * no_xla:.0f} s, too short to earn back timing XLA on a CPU (less "
-            f"than {LONG_RUN_SECONDS:.0f} s; jit_compile=on forces it)"), "not timed with XLA"
+            f"than {LONG_RUN_SECONDS:.0f} s; jit_compile=on forces it)"), kept
     try:
         xla = _seconds_per_call(trainer, True)
     except tf.errors.OpError as e:  # e.g. an op XLA cannot compile (under op determinism)
         return False, ("XLA cannot compile this model's pass here: "
                        f"{str(e).strip().splitlines()[0][:200]}"), "not cached"
     times = f"{1e3 * xla:.2f} ms with XLA, {1e3 * no_xla:.2f} ms without"
-    kept = user_cache.store(CACHE, key, {"jit_compile": xla < no_xla, "times": times})
+    kept = user_cache.store(CACHE, key, {"jit_compile": xla < no_xla, "times": times,
+                                         "no_xla_seconds": no_xla})
     return xla < no_xla, f"the pass takes {times}", kept
 
 

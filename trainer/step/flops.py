@@ -160,17 +160,21 @@ class Utilization:
 
     def __init__(self, trainer):
         self.trainer = trainer
+        self.count_seconds = None  # what counting took, once counted
 
     @functools.cached_property
     def counted(self):
         """(model FLOPs per optimizer step, peak FLOP/s or None)."""
         t = self.trainer
+        start = time.perf_counter()
         per_example, method = train_flops_per_example(t.task, t.model, t.example_spec)
         peak, source = peak_flops(t.strategy, t.model.compute_dtype,
                                   t.config.trainer.get("peak_tflops", 0.0))
-        logging.info("Model FLOPs per step: %.4g (%s; %d examples); peak: %s (%s).",
-                     per_example * t.examples_per_step, method, t.examples_per_step,
-                     "unknown" if peak is None else f"{peak:.4g} FLOP/s", source)
+        self.count_seconds = round(time.perf_counter() - start, 3)
+        logging.info("Model FLOPs per step: %.4g (%s; %d examples); peak: %s (%s); counted "
+                     "in %.2f s.", per_example * t.examples_per_step, method,
+                     t.examples_per_step, "unknown" if peak is None else f"{peak:.4g} FLOP/s",
+                     source, self.count_seconds)
         return per_example * t.examples_per_step, peak
 
     @property

@@ -14,6 +14,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from trainer.loop import startup
 from trainer.runtime.distribute import is_chief
 from trainer.runtime.keras_internals import apply_gradients_as_given
 from trainer.runtime.precision import (advise_shapes, check_float32_layers, layers_of, policy_name,
@@ -153,6 +154,7 @@ class Trainer(TrainStep):
         self._eval_dataset = None  # built on the first evaluation, reused after
         self.example_spec = None  # one example's features (batch 1), seen by the trace
         self.utilization = Utilization(self)  # model FLOPs per step, MFU
+        startup.mark("build")
 
     # ------------------------------------------------------- called by the host
 
