@@ -59,3 +59,18 @@ def test_one_replica_has_nothing_to_compare(tmp_path, caplog):
     config = tiny_config(**{"trainer.consistency_every": 5, "trainer.train_steps": 5})
     build(config, tmp_path).train(evaluate=False)
     assert "trainer.consistency_every=5: one replica, nothing to compare." in caplog.text
+
+
+def test_the_fingerprint_sees_changes_a_plain_sum_would_cancel():
+    import numpy as np
+    import tensorflow as tf
+    from trainer.loop.consistency import bit_sum
+    x = np.linspace(0.5, 2.0, 8, dtype=np.float32)
+    up_down = x.copy()
+    up_down[2] = np.nextafter(x[2], np.float32(3))   # +1 ulp (same exponent: bits + 1)
+    up_down[5] = np.nextafter(x[5], np.float32(0))   # -1 ulp (bits - 1)
+    swapped = x[[1, 0, 2, 3, 4, 5, 6, 7]]
+    base = int(bit_sum(tf.constant(x)))
+    assert base == int(bit_sum(tf.constant(x.copy())))
+    assert int(bit_sum(tf.constant(up_down))) != base
+    assert int(bit_sum(tf.constant(swapped))) != base

@@ -40,7 +40,9 @@ def test_auto_times_both_keeps_the_faster_and_a_relaunch_reuses_it(tmp_path, cap
     line = log_line(caplog, "jit_compile=auto: ")
     xla_ms, no_xla_ms = map(float, re.search(
         r"the pass takes ([0-9.]+) ms with XLA, ([0-9.]+) ms without", line).groups())
-    assert stored["jit_compile"] == (xla_ms < no_xla_ms) and "cached in" in line
+    assert "cached in" in line
+    if xla_ms != no_xla_ms:  # (the log rounds to 0.01 ms)
+        assert stored["jit_compile"] == (xla_ms < no_xla_ms)
     assert trainer.jit_compile is stored["jit_compile"]
     # The timing left no trace: 4 steps from the same start as a run told the choice.
     told = build(_config(config, "on" if stored["jit_compile"] else "off"),

@@ -103,8 +103,8 @@ def controller(trainer, evaluate=True, actions=()):
 
 
 def train_actions(trainer, evaluate=True, actions=()):
-    """In their order: ConsistencyCheck (`consistency_every`, and before every save and
-    evaluation), Profile (`profile_steps`), LogTrain (`log_every`),
+    """In their order: Profile (`profile_steps`), ConsistencyCheck (`consistency_every`,
+    and before every action that saves or evaluates), LogTrain (`log_every`),
     SaveCheckpoint (`checkpoint_every`, and whenever the run stops early), Evaluate
     (`eval_every`, if `evaluate`), BestCheckpoint (`best_metric`, with early stopping
     after `early_stop_patience` evaluations without improvement), Samples (input
@@ -139,13 +139,14 @@ def train_actions(trainer, evaluate=True, actions=()):
     profile = check_profile_steps(tc.profile_steps, trainer.train_steps)
     if profile:
         built.insert(0, Profile(*profile, os.path.join(trainer.workdir, "train")))
-    check = consistency_check(trainer, built)
-    if check:
-        built.insert(0, check)
     if config.export.enabled:
         check_export(config, trainer.task)  # now, not after training
         built.append(Export())
-    return built + actions_lib.from_config(config.actions) + list(actions)
+    built += actions_lib.from_config(config.actions) + list(actions)
+    check = consistency_check(trainer, built)  # before every action that saves or evaluates
+    if check:
+        built.insert(1 if profile else 0, check)  # (the profiler stays first)
+    return built
 
 
 def best_checkpoint(trainer):

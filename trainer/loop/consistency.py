@@ -8,9 +8,9 @@ differently on one device, code that writes one replica's copy, a hardware
 fault. tf.distribute never compares them, and a run that drifted apart trains
 on, each replica a different model, while the chief saves its own.
 
-The check all-gathers one integer per variable and replica, the sum of its
-elements' bit patterns (integer sums are exact in any order, so equal copies
-give equal fingerprints on every device), and compares them. It runs every
+The check all-gathers one integer per variable and replica, a position-weighted
+sum of its elements' bit patterns (integer sums are exact in any order, so equal
+copies give equal fingerprints on every device), and compares them. It runs every
 `consistency_every` steps and before every checkpoint and evaluation, so that
 every checkpoint a run writes holds a state all replicas agreed on; on a
 difference it names the variables, stops the run and writes nothing more.
@@ -52,10 +52,15 @@ def local_value(variable):
 
 
 def bit_sum(value):
-    """The sum of the elements' bit patterns as int64 (wrapping): equal for equal tensors."""
+    """The sum of the elements' bit patterns, each times an odd weight of its position, as
+    int64 (wrapping): equal for equal tensors, and moved by swapped elements or by
+    changes that would cancel in a plain sum (+1 ulp here, -1 ulp there)."""
     if value.dtype.is_floating:
-        value = tf.bitcast(value, {2: tf.int16, 4: tf.int32, 8: tf.int64}[value.dtype.size])
-    return tf.reduce_sum(tf.cast(value, tf.int64))
+        value = tf.bitcast(value, {1: tf.int8, 2: tf.int16, 4: tf.int32,
+                                   8: tf.int64}[value.dtype.size])
+    bits = tf.reshape(tf.cast(value, tf.int64), [-1])
+    weights = 2 * tf.range(tf.size(bits, out_type=tf.int64), dtype=tf.int64) + 1
+    return tf.reduce_sum(bits * weights)
 
 
 class ConsistencyCheck(Action):
@@ -75,6 +80,7 @@ class ConsistencyCheck(Action):
         if self.replicas == 1:
             logging.info("trainer.consistency_every=%d: one replica, nothing to compare.",
                          self.every)
+            self.every = 0  # (no chunk boundaries for it either)
             return
         self.named = checked_variables(trainer)
         # Replicas are numbered worker by worker, each with its local devices.

@@ -46,7 +46,8 @@ def choose_jit(controller):
     cached = user_cache.read(CACHE).get(key)
     if isinstance(cached, dict) and isinstance(cached.get("jit_compile"), bool):
         xla = cached["jit_compile"]
-        why = f"as timed before for this model, batch, precision and device ({cached['times']})"
+        why = ("as timed before for this model, batch, precision and device "
+               f"({cached.get('times', 'times not kept')})")
         stored_in = user_cache.path(CACHE)
     else:
         xla, why, stored_in = _timed_choice(trainer, key)
@@ -86,13 +87,17 @@ def _timed_choice(trainer, key):
 
 
 def cache_key(trainer):
-    """What the choice depends on: the model (its variables' names, shapes and dtypes), a
-    replica's micro-batch (its features' specs), the precision policy, the device and
+    """What the choice depends on: the model (its variables' names, shapes and dtypes, the
+    task and model settings), a replica's micro-batch (its features' specs), the
+    precision policy and float32 layers, telemetry, `trainer.deterministic`, the device and
     TensorFlow's version."""
     variables = ";".join(f"{n}:{v.shape}:{v.dtype}" for n, v in trainer.variable_names.items())
     context = tf.distribute.InputContext(1, 0, trainer.strategy.num_replicas_in_sync)
     features = trainer.task.build_inputs("train", context, 0).element_spec
-    digest = hashlib.sha256(f"{variables}|{features}".encode()).hexdigest()[:16]
+    c = trainer.config  # what changes the pass without changing a variable
+    settings = (c.task, c.model, c.precision_overrides, c.numerics.every,
+                c.trainer.deterministic)
+    digest = hashlib.sha256(f"{variables}|{features}|{settings}".encode()).hexdigest()[:16]
     return (f"{type(trainer.model).__name__} {digest}, {trainer.policy}, "
             f"{_device_kind(trainer.strategy)}, TF {tf.__version__}")
 

@@ -72,7 +72,8 @@ def run_summary(controller, stopped):
         "skipped_steps": int(trainer.loss_scale.skipped_steps.numpy()),
         "strategy": type(trainer.strategy).__name__,
         "replicas": trainer.strategy.num_replicas_in_sync,
-        # this launch's seconds to its loop, by phase, and the FLOPs count's (the first log)
+        # this launch's seconds to its loop, by phase, and the FLOPs count's (the first log;
+        # with the CPU peak's matmul timing when that is not cached yet)
         "startup_seconds": controller.startup,
         "flops_count_seconds": trainer.utilization.count_seconds,
         "global_batch_size": trainer.global_batch_size,

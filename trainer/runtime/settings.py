@@ -54,7 +54,8 @@ def check_trainer_config(tc):
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             raise ValueError(
                 f"trainer.{name}={value!r} must be an integer >= {minimum}"
-                + (" (0: only at the end of training)." if name.endswith("_every") else "."))
+                + (" (0: off)." if name == "consistency_every" else
+                   " (0: only at the end of training)." if name.endswith("_every") else "."))
     if not isinstance(tc.max_seconds, (int, float)) or tc.max_seconds < 0:
         raise ValueError(f"trainer.max_seconds={tc.max_seconds!r} must be a number >= 0 "
                          "(0: no time budget).")
