@@ -50,7 +50,7 @@ def choose_jit(controller):
                f"({cached.get('times', 'times not kept')})")
         stored_in = user_cache.path(CACHE)
     else:
-        xla, why, stored_in = _timed_choice(trainer, key)
+        xla, why, stored_in = _timed_choice(trainer, key, cached)
     # Every worker runs the same program: XLA if any worker chose it.
     xla = controller.any_worker(xla)
     logging.info("jit_compile=auto: jit_compile=%s, %s (stored in %s; %s).",
@@ -59,10 +59,10 @@ def choose_jit(controller):
     return xla
 
 
-def _timed_choice(trainer, key):
+def _timed_choice(trainer, key, cached):
     """(XLA or not, why, where the timing is kept) from timing the pass; the time without
-    XLA alone is cached too, so that short runs of a model time it once."""
-    cached = user_cache.read(CACHE).get(key)
+    XLA alone is cached too (`cached`: the user cache's entry for `key`, if any), so that
+    short runs of a model time it once."""
     no_xla = (cached["no_xla_seconds"] if isinstance(cached, dict)
               and isinstance(cached.get("no_xla_seconds"), float) else None)
     kept = "timed before without XLA" if no_xla else None
