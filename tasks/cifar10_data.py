@@ -147,10 +147,19 @@ def synthetic(num_train=50000, num_test=10000, seed=0):
     coarse = rng.uniform(96, 160, size=(10, 4, 4, 3)).astype(np.float32)
     templates = coarse.repeat(8, axis=1).repeat(8, axis=2)
 
-    def make(n):
+    def make(n, chunk=1024):
+        # Chunk by chunk through one small float buffer: whole-set float32
+        # temporaries (0.7 GB each) made this take 15 s instead of 3 s, mostly in
+        # first-touch page faults. The draws and the images are the same.
         labels = rng.integers(0, 10, size=n).astype(np.int32)
-        noise = rng.standard_normal(size=(n, 32, 32, 3), dtype=np.float32) * 64
-        images = np.clip(templates[labels] + noise, 0, 255).astype(np.uint8)
+        images = np.empty((n, 32, 32, 3), np.uint8)
+        buffer = np.empty((chunk, 32, 32, 3), np.float32)
+        for start in range(0, n, chunk):
+            pixels = buffer[:min(chunk, n - start)]
+            rng.standard_normal(out=pixels, dtype=np.float32)
+            pixels *= 64
+            pixels += templates[labels[start:start + len(pixels)]]
+            images[start:start + len(pixels)] = np.clip(pixels, 0, 255, out=pixels)
         return images, labels
 
     train, test = make(num_train), make(num_test)
