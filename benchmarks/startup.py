@@ -27,6 +27,8 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
+from benchmarks.contenders import fit_setup, fresh_cache
+
 FLAGS = flags.FLAGS
 flags.DEFINE_list("configs", ["cifar", "lm", "vit_cifar"], "Config files in configs/.")
 flags.DEFINE_integer("steps", 40, "Steps per run (the relaunch runs as many more).")
@@ -112,26 +114,11 @@ def fit_launch(name, workdir, steps, log, cache):
 def fit_run(config, out):
     """Keras `fit` on the config's task, model and optimizer, marking its phases."""
     import keras
-    import tensorflow as tf
-    import tasks
     from trainer.loop.goodput import process_start_time
-    from trainer.runtime.distribute import build_strategy
-    from trainer.runtime.precision import set_policy
-    from trainer.step.optimizers import build_optimizer
     marks = {"process_start": process_start_time(), "imports": time.time()}
     marks["process_start_time"] = marks["process_start"]
-    strategy = build_strategy(config.distribution)
-    set_policy(config.precision, strategy)
-    keras.utils.set_random_seed(config.seed)
-    marks["strategy"] = time.time()
-    task = tasks.get_task(config)
-    train = task.build_inputs("train", tf.distribute.InputContext(), 0)
-    marks["data"] = time.time()
-    with strategy.scope():
-        model = task.build_model()
-        model.compile(optimizer=build_optimizer(config.optimizer, config.trainer.train_steps),
-                      loss=task.compute_loss, steps_per_execution=CHUNK)
-    marks["build"] = time.time()
+    _, model, train, _ = fit_setup(config, CHUNK, lambda phase: marks.update({
+        phase: time.time()}))
     ends = []
     callback = keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda batch, logs: ends.append(time.time()))
@@ -141,18 +128,6 @@ def fit_run(config, out):
     marks["pace"] = statistics.median(b - a for a, b in zip(ends[:-1], ends[1:])) / CHUNK
     with open(out, "w") as f:
         json.dump(marks, f)
-
-
-def fresh_cache(base):
-    """A user cache as on a machine that has run other models, not this one: the CPU's
-    peak (a per-machine figure) copied from the user's cache if it holds one."""
-    cache = os.path.join(base, "cache")
-    os.makedirs(os.path.join(cache, "tftrainer"))
-    peak = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                        "tftrainer", "cpu_peak.json")
-    if os.path.exists(peak):
-        shutil.copy(peak, os.path.join(cache, "tftrainer"))
-    return cache
 
 
 PHASES = ["imports", "strategy", "build", "data", "restore", "jit_choice", "other",

@@ -107,8 +107,8 @@ def get_config():
         log_every=50,
         deterministic=False,       # True: deterministic ops, so a resumed run is bitwise exact
         # on | off | auto: XLA for the forward and backward pass; auto times both on the
-        # first launch where it can pay (on a CPU, only for a long run) and keeps the
-        # faster (trainer/loop/jit_choice.py); TPUs always compile.
+        # first launch where it can pay (on a CPU, only a run its first chunk shows to be
+        # long) and keeps the faster (trainer/loop/jit_choice.py); TPUs always compile.
         jit_compile="auto",
         # After each eval, the best checkpoint by this eval metric is kept in workdir/best/
         # ("": none); early_stop_patience > 0 evals without improvement end the run.

@@ -135,6 +135,20 @@ def test_a_clock_that_steps_back_between_launches_times_each_launch_on_its_own(t
     assert report["badput_seconds"]["idle"] == pytest.approx(3.0) and _tiles(report)
 
 
+def test_a_chunk_that_traced_the_loop_again_counts_as_compile():
+    """After the jit choice switched XLA on, the next chunk traces and compiles: beyond
+    its steps at the launch's pace it is compile time, and it does not set the pace."""
+    events = _launch(1000.0, 0, 4)
+    events[2]["seconds"]["train"] += 2.0  # the second chunk, 2 s of tracing
+    events[2]["traced"] = True
+    for e in events[3:]:
+        e["time"] += 2.0
+    report = account(events)
+    assert report["badput_seconds"]["compile"] == pytest.approx(3.0, abs=1e-3)  # 1 + 2
+    assert report["productive_seconds"] == pytest.approx(4 * 5 * 0.1, abs=1e-3)
+    assert _tiles(report)
+
+
 # Its own process: op determinism, which another test may have turned on for good in
 # this one, refuses the clock that times the input.
 SLOW_INPUT_RUN = """

@@ -1,4 +1,5 @@
-"""trainer.jit_compile: on, off, or auto (timed on the first launch, stored for the next)."""
+"""trainer.jit_compile: on, off, or auto (timed on the first launch where it can pay, stored
+for the next)."""
 
 import json
 import re
@@ -32,21 +33,21 @@ def log_line(caplog, text):
 def test_auto_times_both_keeps_the_faster_and_a_relaunch_reuses_it(tmp_path, caplog,
                                                                     own_cache):
     caplog.set_level("INFO")
-    config = auto_config()
+    config = auto_config(**{"trainer.steps_per_loop": 4})  # one chunk, then the choice
     trainer = build(config, tmp_path, two_replicas())
     assert trainer.jit_compile == "auto"
     trainer.train(evaluate=False)
     stored = json.load(open(tmp_path / "jit_compile.json"))
-    line = log_line(caplog, "jit_compile=auto: ")
+    line = log_line(caplog, "jit_compile=auto: jit_compile=")
     xla_ms, no_xla_ms = map(float, re.search(
         r"the pass takes ([0-9.]+) ms with XLA, ([0-9.]+) ms without", line).groups())
     assert "cached in" in line
     if xla_ms != no_xla_ms:  # (the log rounds to 0.01 ms)
         assert stored["jit_compile"] == (xla_ms < no_xla_ms)
     assert trainer.jit_compile is stored["jit_compile"]
-    # The timing left no trace: 4 steps from the same start as a run told the choice.
-    told = build(_config(config, "on" if stored["jit_compile"] else "off"),
-                 tmp_path / "told", two_replicas())
+    # The timing left no trace: the 4 steps (run without XLA, before the choice) are
+    # those of a run told jit_compile=off.
+    told = build(_config(config, "off"), tmp_path / "told", two_replicas())
     told.train(evaluate=False)
     for a, b in zip(trainer.model.weights, told.model.weights):
         assert (a.numpy() == b.numpy()).all(), a.path
@@ -82,23 +83,40 @@ def test_a_timing_in_the_user_cache_serves_a_new_run_of_the_same_model(tmp_path,
     assert timed == [False, True, False, True]
 
 
-def test_a_short_run_on_a_cpu_is_not_timed_with_xla(tmp_path, caplog, monkeypatch):
+def test_a_short_run_on_a_cpu_times_nothing(tmp_path, caplog, monkeypatch):
+    """Its first chunk runs without XLA and its pace says the run is short: no timing, on
+    a first launch as on the next (a short run caches nothing)."""
     caplog.set_level("INFO")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     timed = []
     monkeypatch.setattr(jit_choice_loop, "_seconds_per_call",
                         lambda trainer, xla: timed.append(xla) or 0.01)
-    trainer = build(auto_config(**{"trainer.train_steps": 5}), tmp_path / "run")
+    for workdir in ("run", "again"):
+        caplog.clear()
+        trainer = build(auto_config(**{"trainer.train_steps": 5}), tmp_path / workdir)
+        trainer.train(evaluate=False)
+        assert timed == [] and trainer.jit_compile is False
+        assert "off for the first chunk; its pace decides" in log_line(caplog, "first chunk")
+        line = log_line(caplog, "jit_compile=auto: jit_compile=off")
+        assert re.search(r"the first 2 steps took [0-9.]+ ms each without XLA \(tracing "
+                         r"included\): 3 steps left, ~[0-9]+ s, too short to earn back timing XLA "
+                         r"on a CPU", line), line
+        assert json.load(open(tmp_path / workdir / "jit_compile.json"))["jit_compile"] is False
+
+
+def test_a_long_run_on_a_cpu_switches_to_xla_after_its_first_chunk(tmp_path, caplog,
+                                                                   monkeypatch, own_cache):
+    """Timed at the end of the first chunk; the next chunk traces the loop again, and
+    the ledger counts that chunk's tracing as compile time, not as training."""
+    caplog.set_level("INFO")
+    monkeypatch.setattr(jit_choice_loop, "_seconds_per_call",
+                        lambda trainer, xla: 0.5 if xla else 1.0)
+    trainer = build(auto_config(**{"trainer.train_steps": 8}), tmp_path)
     trainer.train(evaluate=False)
-    assert timed == [False] and trainer.jit_compile is False
-    line = log_line(caplog, "jit_compile=auto: ")
-    assert ("the pass takes 10.00 ms without XLA: 5 passes left, ~0 s, too short to earn "
-            "back timing XLA on a CPU") in line
-    # the next short run of the model, in another workdir, times nothing
-    caplog.clear()
-    build(auto_config(**{"trainer.train_steps": 5}), tmp_path / "again").train(evaluate=False)
-    assert timed == [False] and "timed before without XLA" in log_line(caplog,
-                                                                         "jit_compile=auto: ")
+    assert trainer.jit_compile is True
+    events = [json.loads(line) for line in open(tmp_path / "goodput.jsonl")]
+    assert [e.get("traced", False) for e in events if e["event"] == "cycle"] == [
+        True, True, False, False]
 
 
 @pytest.mark.parametrize("xla_seconds, chosen", [(0.5, True), (2.0, False), (None, False)])

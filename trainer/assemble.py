@@ -18,6 +18,7 @@ import tasks
 from trainer.loop import actions as actions_lib
 from trainer.loop.consistency import consistency_check
 from trainer.loop.controller import Controller
+from trainer.loop.jit_choice import JitChoice
 from trainer.loop.run_summary import mode_summary
 from trainer.modes import evaluator
 from trainer.modes.batch_size_finder import find_batch_size
@@ -103,7 +104,7 @@ def controller(trainer, evaluate=True, actions=()):
 
 
 def train_actions(trainer, evaluate=True, actions=()):
-    """In their order: Profile (`profile_steps`), ConsistencyCheck (`consistency_every`,
+    """In their order: JitChoice (`jit_compile=auto`), Profile (`profile_steps`), ConsistencyCheck (`consistency_every`,
     and before every action that saves or evaluates), LogTrain (`log_every`),
     SaveCheckpoint (`checkpoint_every`, and whenever the run stops early), Evaluate
     (`eval_every`, if `evaluate`), BestCheckpoint (`best_metric`, with early stopping
@@ -146,6 +147,8 @@ def train_actions(trainer, evaluate=True, actions=()):
     check = consistency_check(trainer, built)  # before every action that saves or evaluates
     if check:
         built.insert(1 if profile else 0, check)  # (the profiler stays first)
+    if trainer.jit_compile == "auto":
+        built.insert(0, JitChoice())  # settles it before the first step's trace
     return built
 
 

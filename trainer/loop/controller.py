@@ -20,7 +20,6 @@ from trainer.loop import actions as actions_lib
 from trainer.loop import startup
 from trainer.loop.divergence import check_finite
 from trainer.loop.goodput import Ledger, launch_start
-from trainer.loop.jit_choice import choose_jit
 from trainer.loop.run_summary import write_start, write_summary
 from trainer.loop.signals import DiskFull, Preempted, StopOnSignal, disk_full_path
 from trainer.runtime.summaries import Summaries
@@ -43,9 +42,10 @@ class Controller:
         self.seconds = {"train": 0.0, "input_wait": 0.0, "eval": 0.0, "checkpoint": 0.0,
                         "other": 0.0}
         self.clock = time.monotonic  # (a test's fake clock)
-        # For the time budget: the longest a step has taken (a compiling first chunk
-        # only until another chunk ran) and the longest each action has taken.
-        self._chunks, self._step_seconds, self._action_seconds = 0, None, {}
+        # For the time budget: the longest a step has taken (a chunk that traced only
+        # until another chunk ran) and the longest each action has taken.
+        self._step_seconds, self._estimate_traced, self._action_seconds = None, False, {}
+        self._traced_loop, self._traced = None, False  # a new train_loop traces
         self.stop_reason = None   # set by `request_stop`, once every worker agrees
         self.interrupted = None   # a signal or the time budget: stop, save, resume later
         self.last_eval = self.last_train = None  # the latest eval/train metrics logged
@@ -92,9 +92,6 @@ class Controller:
         trainer.restore_or_warm_start()
         restore_seconds = self.clock() - restoring
         startup.mark("restore")
-        if trainer.jit_compile == "auto":
-            trainer.use_jit(choose_jit(self))
-            startup.mark("jit_choice")
         self.step = self.start_step = int(trainer.step.numpy())
         iterator = iter(trainer.distributed_dataset("train"))  # bad data fails before any write
         startup.mark("data")
@@ -121,7 +118,8 @@ class Controller:
                     self._train_chunk(iterator)
                     self.interrupted = self._interruption(stop)
                     self._run_actions()
-                    self.ledger.cycle(self.step, self.step - first_step, self.seconds)
+                    self.ledger.cycle(self.step, self.step - first_step, self.seconds,
+                                      self._traced)
                     if self.interrupted:
                         break
                 trainer.checkpoints.sync()  # the run ends with its last checkpoint complete
@@ -178,6 +176,9 @@ class Controller:
     def _train_chunk(self, iterator):
         """Runs the compiled loop to the next step where an action is due."""
         num_steps = self._chunk_steps(self.step)
+        # The first chunk traces the loop, and so does the first after `use_jit` switched.
+        self._traced = self.trainer.train_loop is not self._traced_loop
+        self._traced_loop = self.trainer.train_loop
         start = self.clock()
         # A profiler step for TensorBoard's Profile tab (a no-op unless profiling).
         first_step = self.step + 1
@@ -188,9 +189,9 @@ class Controller:
         self.seconds["train"] += seconds  # input_wait included
         self.seconds["input_wait"] += float(out["input_wait"])
         per_step = seconds / max(self.step - first_step + 1, 1)
-        self._chunks += 1  # the first compiles: the second replaces its estimate
-        self._step_seconds = (per_step if self._chunks <= 2
-                              else max(self._step_seconds, per_step))
+        replace = self._step_seconds is None or self._estimate_traced
+        self._step_seconds = per_step if replace else max(self._step_seconds, per_step)
+        self._estimate_traced = self._traced
         if "per_step" in out:
             self.summaries.per_step("train", self.trainer.PER_STEP_SCALARS, out["per_step"],
                                     first_step)

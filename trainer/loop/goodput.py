@@ -9,7 +9,9 @@ the idle time between launches) into:
 
     productive   train steps that moved the run forward
     startup      process start to the first step: imports, building, tracing
-    compile      the first chunk of a launch beyond its steps at the launch's pace
+    compile      the chunks that traced the loop (a launch's first, and the first
+                 after the jit choice switched XLA on) beyond their steps at the
+                 launch's pace
     data_wait    the compiled loop waiting for the next batch
     checkpoint_save, checkpoint_restore, evaluation   (the blocking parts)
     redone       steps a killed launch had run past its last checkpoint, run again
@@ -86,14 +88,16 @@ class Ledger:
                      restore_seconds=round(restore_seconds, 4), phases=phases or {})
         self._last_seconds = dict(seconds)
 
-    def cycle(self, step, steps, seconds):
+    def cycle(self, step, steps, seconds, traced=False):
         """A chunk of `steps` ending at `step` and its actions are done; `seconds`: the
-        Controller's running totals by kind (train, input_wait, eval, checkpoint, ...)."""
+        Controller's running totals by kind (train, input_wait, eval, checkpoint, ...);
+        `traced`: the chunk traced and compiled the loop."""
         if self._last_seconds is None:  # not started: nothing to account for
             return
         spent = {k: round(v - self._last_seconds.get(k, 0.0), 4) for k, v in seconds.items()}
         self._last_seconds = dict(seconds)
-        self._append("cycle", step=step, steps=steps, seconds=spent)
+        self._append("cycle", step=step, steps=steps, seconds=spent,
+                     **({"traced": True} if traced else {}))
 
     def end(self, step, stopped):
         if self._last_seconds is not None:
@@ -176,12 +180,14 @@ def account(events):
         buckets["checkpoint_restore"] += start["restore_seconds"]
         buckets["startup"] += start["time"] - start["process_start"] - start["restore_seconds"]
         cycles = [e for e in launch if e["event"] == "cycle"]
-        pace = _pace(cycles[1:])  # seconds per step once compiled
+        # (a ledger written before `traced` was recorded: the first chunk traced)
+        traced = [i == 0 or c.get("traced", False) for i, c in enumerate(cycles)]
+        pace = _pace([c for c, t in zip(cycles, traced) if not t])  # once compiled
         last = start["time"]
         for i, c in enumerate(cycles):
             s = c["seconds"]
             stepping = s.get("train", 0.0) - s.get("input_wait", 0.0)
-            if i == 0 and pace is not None:  # the first chunk traces and compiles
+            if traced[i] and pace is not None:
                 compile_seconds = max(stepping - pace * c["steps"], 0.0)
                 buckets["compile"] += compile_seconds
                 stepping -= compile_seconds

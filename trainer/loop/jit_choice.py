@@ -1,16 +1,17 @@
 """`trainer.jit_compile`: XLA for the forward and backward pass, or not, chosen per model.
 
-"on" and "off" force it; TPUs always compile. "auto" (the default) times the
-forward and backward pass (the part `jit_compile` changes; the all-reduce and
-the update are outside it) on one real batch both ways, a few calls each after
-its compilation, and keeps the faster. XLA can win on GPUs; on a CPU it lost on
-every shipped model (0.05-0.48x), and its compile and timing cost seconds, so
-there it is timed only for a run long enough to earn that back
-(`LONG_RUN_SECONDS` of steps without XLA). The choice is stored in
-`workdir/jit_compile.json`, so a relaunch neither times again nor switches mid-run
-(XLA changes the numerics slightly), and a timing in the user's cache
-(trainer/runtime/user_cache.py) by model, batch, precision and device, so a new
-run of the same model skips it. The log line says which of these decided.
+"on" and "off" force it; TPUs always compile. "auto" (the default) is settled by
+the `JitChoice` action: from the workdir's stored choice (a relaunch neither times
+again nor switches mid-run: XLA changes the numerics slightly), else from a timing
+kept in the user's cache (trainer/runtime/user_cache.py) by model, batch,
+precision and device, else by timing the forward and backward pass (the part
+`jit_compile` changes; the all-reduce and the update are outside it) on one real
+batch both ways, a few calls each after its compilation, and keeping the faster.
+XLA can win on GPUs, which time it before the first step. On a CPU it lost on
+every shipped model (0.05-0.48x) and its compile and timing cost seconds, so
+there the run starts without it and decides at the end of its first chunk, from
+that chunk's pace: only a run whose steps left take `LONG_RUN_SECONDS` times both
+(a shorter run never pays a timing). The log line says what decided.
 """
 
 import hashlib
@@ -20,6 +21,8 @@ import time
 import tensorflow as tf
 from absl import logging
 
+from trainer.loop import startup
+from trainer.loop.actions import Action
 from trainer.runtime import user_cache
 from trainer.runtime.host import cores, cpu_name
 from trainer.state.workdir import read_json
@@ -31,58 +34,92 @@ TIMED_CALLS = 5
 LONG_RUN_SECONDS = 600.0  # on a CPU, steps left worth this long are worth timing XLA
 
 
-def choose_jit(controller):
-    """Settles "auto" before the first step of a launch: the workdir's stored choice,
-    else a timing; every worker takes XLA if any found it faster. Returns the choice."""
-    trainer = controller.trainer
-    path = os.path.join(trainer.workdir, CHOICE_FILE)
-    stored = read_json(path, "the jit_compile choice")
-    if stored is not None:
-        xla = bool(stored["jit_compile"])
-        logging.info("jit_compile=%s, as chosen for this workdir before (%s).",
-                     "on" if xla else "off", path)
-        return controller.any_worker(xla)
-    key = cache_key(trainer)
-    cached = user_cache.read(CACHE).get(key)
-    if isinstance(cached, dict) and isinstance(cached.get("jit_compile"), bool):
-        xla = cached["jit_compile"]
-        why = ("as timed before for this model, batch, precision and device "
-               f"({cached.get('times', 'times not kept')})")
-        stored_in = user_cache.path(CACHE)
-    else:
-        xla, why, stored_in = _timed_choice(trainer, key, cached)
-    # Every worker runs the same program: XLA if any worker chose it.
-    xla = controller.any_worker(xla)
-    logging.info("jit_compile=auto: jit_compile=%s, %s (stored in %s; %s).",
-                 "on" if xla else "off", why, path, stored_in)
-    controller.files.write_json(path, {"jit_compile": xla, "why": why})
-    return xla
+class JitChoice(Action):
+    """Settles `trainer.jit_compile=auto` before the first step (`begin`) or, on a CPU
+    without a stored or cached choice, at the end of the first chunk. Every worker
+    makes the same collective calls in the same order and takes XLA if any chose it."""
+
+    at_end = False
+
+    def __init__(self):
+        self.pending = False  # decided at the first boundary
+
+    def begin(self, controller):
+        trainer = controller.trainer
+        path = os.path.join(trainer.workdir, CHOICE_FILE)
+        stored = read_json(path, "the jit_compile choice")
+        if controller.any_worker(stored is not None):  # the choice of this workdir
+            xla = controller.any_worker(bool(stored and stored["jit_compile"]))
+            logging.info("jit_compile=%s, as chosen for this workdir before (%s).",
+                         "on" if xla else "off", path)
+            _use(trainer, xla)
+        else:
+            self.key = cache_key(trainer)
+            cached = user_cache.read(CACHE).get(self.key)
+            cached = cached if isinstance(cached, dict) and isinstance(
+                cached.get("jit_compile"), bool) else None
+            if not controller.any_worker(cached is None):
+                self._settle(controller, cached["jit_compile"], (
+                    "as timed before for this model, batch, precision and device "
+                    f"({cached.get('times', 'times not kept')})"), user_cache.path(CACHE))
+            elif _device_type(trainer.strategy) == "CPU":
+                self.pending = True
+                _use(trainer, False)
+                logging.info("jit_compile=auto: off for the first chunk; its pace decides "
+                             "whether the run is long enough to time XLA on a CPU.")
+            else:
+                self._settle(controller, *_timed_choice(trainer, self.key))
+        startup.mark("jit_choice")
+
+    def should_run(self, controller, step, logs):
+        return self.pending
+
+    def __call__(self, controller, step, logs):
+        """On a CPU, at the end of the first chunk: off for a short run, else timed."""
+        self.pending = False
+        trainer = controller.trainer
+        steps = step - controller.start_step
+        if steps <= 0:  # nothing trained: nothing to decide from
+            return
+        pace = controller.seconds["train"] / steps  # tracing included: an upper bound
+        steps_left = trainer.train_steps - step
+        if not controller.any_worker(steps_left * pace >= LONG_RUN_SECONDS):
+            self._settle(controller, False, (
+                f"the first {steps} steps took {1e3 * pace:.1f} ms each without XLA "
+                f"(tracing included): {steps_left} steps left, ~{steps_left * pace:.0f} s, "
+                f"too short to earn back timing XLA on a CPU (less than "
+                f"{LONG_RUN_SECONDS:.0f} s; jit_compile=on forces it)"), "not timed")
+        else:
+            self._settle(controller, *_timed_choice(trainer, self.key))
+
+    @staticmethod
+    def _settle(controller, xla, why, stored_in):
+        """Takes XLA if any worker chose it, logs why and stores it for the relaunches."""
+        trainer = controller.trainer
+        xla = controller.any_worker(xla)
+        path = os.path.join(trainer.workdir, CHOICE_FILE)
+        logging.info("jit_compile=auto: jit_compile=%s, %s (stored in %s; %s).",
+                     "on" if xla else "off", why, path, stored_in)
+        controller.files.write_json(path, {"jit_compile": xla, "why": why})
+        _use(trainer, xla)
 
 
-def _timed_choice(trainer, key, cached):
-    """(XLA or not, why, where the timing is kept) from timing the pass; the time without
-    XLA alone is cached too (`cached`: the user cache's entry for `key`, if any), so that
-    short runs of a model time it once."""
-    no_xla = (cached["no_xla_seconds"] if isinstance(cached, dict)
-              and isinstance(cached.get("no_xla_seconds"), float) else None)
-    kept = "timed before without XLA" if no_xla else None
-    if no_xla is None:
-        no_xla = _seconds_per_call(trainer, False)
-        kept = user_cache.store(CACHE, key, {"no_xla_seconds": no_xla})
-    steps_left = (trainer.train_steps - int(trainer.step.numpy())) * trainer.accumulation_steps
-    if _device_type(trainer.strategy) == "CPU" and steps_left * no_xla < LONG_RUN_SECONDS:
-        return False, (
-            f"the pass takes {1e3 * no_xla:.2f} ms without XLA: {steps_left} passes left, "
-            f"~{steps_left * no_xla:.0f} s, too short to earn back timing XLA on a CPU (less "
-            f"than {LONG_RUN_SECONDS:.0f} s; jit_compile=on forces it)"), kept
+def _use(trainer, xla):
+    """Sets the choice; the train loop is traced again only if it changes."""
+    if trainer.jit_compile is not xla:
+        trainer.use_jit(xla)
+
+
+def _timed_choice(trainer, key):
+    """(XLA or not, why, where the timing is kept) from timing the pass both ways."""
+    no_xla = _seconds_per_call(trainer, False)
     try:
         xla = _seconds_per_call(trainer, True)
     except tf.errors.OpError as e:  # e.g. an op XLA cannot compile (under op determinism)
         return False, ("XLA cannot compile this model's pass here: "
                        f"{str(e).strip().splitlines()[0][:200]}"), "not cached"
     times = f"{1e3 * xla:.2f} ms with XLA, {1e3 * no_xla:.2f} ms without"
-    kept = user_cache.store(CACHE, key, {"jit_compile": xla < no_xla, "times": times,
-                                         "no_xla_seconds": no_xla})
+    kept = user_cache.store(CACHE, key, {"jit_compile": xla < no_xla, "times": times})
     return xla < no_xla, f"the pass takes {times}", kept
 
 

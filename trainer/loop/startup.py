@@ -5,8 +5,9 @@ its launch when its loop starts and the ledger keeps them with the launch's
 `start` event. A phase is timed from the end of the one marked before it (the
 first from the launch's start): imports (to the command's first line: Python,
 TensorFlow, Keras), strategy, build (the Trainer: precision, task, model,
-optimizer, checkpoints), restore, jit_choice, data (the train iterator); what is
-not marked is `other`. Tracing and compiling are the first chunk's (the ledger's
+optimizer, checkpoints), restore, data (the train iterator), jit_choice (before
+the first step; on a CPU it is decided after the first chunk); what is not marked
+is `other`. Tracing and compiling are the first chunk's (the ledger's
 `compile`), the FLOPs count is timed where it runs (the first log).
 """
 
