@@ -21,6 +21,7 @@ from conftest import build, kill_relaunch_and_compare, override
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMATS = ("folder", "tfrecord", "tfds_array_record", "tfds_tfrecord")
+pytestmark = pytest.mark.xdist_group("image_files")  # one test process writes the files
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,8 @@ from tensorflow.tsl.profiler.protobuf import xplane_pb2
 import tasks
 from conftest import build, scalars, tiny_config
 
+pytestmark = pytest.mark.xdist_group("inspection")  # one test process makes the run
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):

@@ -33,7 +33,9 @@ def log_line(caplog, text):
 def test_auto_times_both_keeps_the_faster_and_a_relaunch_reuses_it(tmp_path, caplog,
                                                                     own_cache):
     caplog.set_level("INFO")
-    config = auto_config(**{"trainer.steps_per_loop": 4})  # one chunk, then the choice
+    # One chunk of the 4 steps, then the choice (a checkpoint at step 2 would end the
+    # first chunk there, and a switch to XLA would change steps 3 and 4).
+    config = auto_config(**{"trainer.steps_per_loop": 4, "trainer.checkpoint_every": 4})
     trainer = build(config, tmp_path, two_replicas())
     assert trainer.jit_compile == "auto"
     trainer.train(evaluate=False)
