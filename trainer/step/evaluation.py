@@ -38,6 +38,7 @@ class Evaluation:
         self._batch = tf.function(
             lambda features, labels: strategy.run(self.step, args=(features, labels)))
 
+    @tf.autograph.experimental.do_not_convert  # as train_step (trainer/step/train_step.py)
     def step(self, features, labels):
         """Updates the metrics with one replica's batch (which may be empty)."""
         outputs = as_float32(self.model(features, training=False))
