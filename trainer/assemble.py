@@ -104,8 +104,9 @@ def controller(trainer, evaluate=True, actions=()):
 
 
 def train_actions(trainer, evaluate=True, actions=()):
-    """In their order: JitChoice (`jit_compile=auto`), Profile (`profile_steps`), ConsistencyCheck (`consistency_every`,
-    and before every action that saves or evaluates), LogTrain (`log_every`),
+    """In their order: JitChoice (`jit_compile=auto`), Profile (`profile_steps`),
+    ConsistencyCheck (`consistency_every`, and before every action that saves or
+    evaluates), LogTrain (`log_every`),
     SaveCheckpoint (`checkpoint_every`, and whenever the run stops early), Evaluate
     (`eval_every`, if `evaluate`), BestCheckpoint (`best_metric`, with early stopping
     after `early_stop_patience` evaluations without improvement), Samples (input
