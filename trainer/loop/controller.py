@@ -44,7 +44,7 @@ class Controller:
         self.clock = time.monotonic  # (a test's fake clock)
         # For the time budget: the longest a step has taken (a chunk that traced only
         # until another chunk ran) and the longest each action has taken.
-        self._step_seconds, self._estimate_traced, self._action_seconds = None, False, {}
+        self._step_seconds, self._action_seconds = None, {}
         self._traced_loop, self._traced = None, False  # a new train_loop traces
         self.stop_reason = None   # set by `request_stop`, once every worker agrees
         self.interrupted = None   # a signal or the time budget: stop, save, resume later
@@ -176,6 +176,7 @@ class Controller:
     def _train_chunk(self, iterator):
         """Runs the compiled loop to the next step where an action is due."""
         num_steps = self._chunk_steps(self.step)
+        replace_estimate = self._step_seconds is None or self._traced  # the last one traced
         # The first chunk traces the loop, and so does the first after `use_jit` switched.
         self._traced = self.trainer.train_loop is not self._traced_loop
         self._traced_loop = self.trainer.train_loop
@@ -189,9 +190,8 @@ class Controller:
         self.seconds["train"] += seconds  # input_wait included
         self.seconds["input_wait"] += float(out["input_wait"])
         per_step = seconds / max(self.step - first_step + 1, 1)
-        replace = self._step_seconds is None or self._estimate_traced
-        self._step_seconds = per_step if replace else max(self._step_seconds, per_step)
-        self._estimate_traced = self._traced
+        self._step_seconds = (per_step if replace_estimate
+                              else max(self._step_seconds, per_step))
         if "per_step" in out:
             self.summaries.per_step("train", self.trainer.PER_STEP_SCALARS, out["per_step"],
                                     first_step)

@@ -169,7 +169,7 @@ def _seconds_per_call(trainer, xla):
     saved = [v.numpy() for v in trainer.model.variables]
     passes = trainer.forward_backward(xla)  # as the train step will run it
     run = tf.function(lambda f, l: strategy.run(  # as train_step calls it, per replica
-        lambda *batch: passes(*batch, tf.constant(False))[1], args=(f, l)))
+        lambda *batch: passes(*batch, tf.constant(False))[1], args=(f, l)), autograph=False)
     try:
         times = []
         for _ in range(TIMED_CALLS + 1):  # the first compiles
