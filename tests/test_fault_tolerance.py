@@ -283,7 +283,7 @@ def test_a_failed_background_write_is_reported_and_the_previous_checkpoint_kept(
     assert build(tiny_config(), tmp_path).restore().endswith("ckpt-0")
     # The error was reported once: the next save works (TensorFlow would raise it again
     # there, and once more at exit), and the relaunch's cleanup removes what was in the way.
-    trainer.checkpoints.remove_partial_writes()
+    trainer.checkpoints.prepare_for_writes()
     trainer.step.assign(2)
     trainer.checkpoints.save()
     trainer.checkpoints.sync()

@@ -23,6 +23,7 @@ from trainer.loop.goodput import Ledger, launch_start
 from trainer.loop.run_summary import write_start, write_summary
 from trainer.loop.signals import DiskFull, Preempted, StopOnSignal, disk_full_path
 from trainer.runtime.summaries import Summaries
+from trainer.state.checkpoint_state import latest_checkpoint
 from trainer.state.workdir import ChiefFiles
 
 
@@ -88,7 +89,7 @@ class Controller:
         # The time budget counts from there, as a scheduler's limit does.
         self.started = self.clock() - max(0.0, time.time() - launched)
         restoring = self.clock()
-        trainer.checkpoints.remove_partial_writes()  # a write a kill or a full disk cut short
+        trainer.checkpoints.prepare_for_writes()  # a damaged state file, cut-short writes
         trainer.restore_or_warm_start()
         restore_seconds = self.clock() - restoring
         startup.mark("restore")
@@ -155,7 +156,7 @@ class Controller:
     def _disk_full(self, error):
         """The DiskFull error that says what to do (a failed checkpoint write removes what
         it had written: the space the summary needs)."""
-        latest = tf.train.latest_checkpoint(self.trainer.checkpoints.directory)
+        latest = latest_checkpoint(self.trainer.checkpoints.directory)
         return DiskFull(
             f"No space left on device writing {disk_full_path(error) or self.trainer.workdir}. "
             f"The last complete checkpoint is {latest or 'none (no checkpoint was written)'}"

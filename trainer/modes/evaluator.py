@@ -13,6 +13,7 @@ import os
 import tensorflow as tf
 from absl import logging
 
+from trainer.state.checkpoint_state import listed_checkpoints, number
 from trainer.state.workdir import read_json
 
 STATE = "continuous_eval.json"
@@ -91,7 +92,4 @@ def _final_step(trainer):
 
 def _checkpoints_after(directory, last_step):
     """(step, path) of the checkpoints in `directory` newer than `last_step`, oldest first."""
-    state = tf.train.get_checkpoint_state(directory)
-    paths = state.all_model_checkpoint_paths if state else []
-    steps = [(int(p.rsplit("-", 1)[1]), p) for p in paths]
-    return sorted((s, p) for s, p in steps if s > last_step)
+    return [(number(p), p) for p in listed_checkpoints(directory) if number(p) > last_step]

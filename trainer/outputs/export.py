@@ -25,6 +25,7 @@ from trainer.runtime.keras_internals import sublayers
 from trainer.runtime.precision import check_float32_layers
 from trainer.state.checkpoints import (IncompatibleCheckpointError, check_fits, make_checkpoint,
                                        read_error)
+from trainer.state.checkpoint_state import latest_checkpoint
 from trainer.state.layout import optimizer_variables, saved_variables, variable_names
 from trainer.state.model_build import build_model
 from trainer.state.workdir import read_json
@@ -44,7 +45,7 @@ def choose_checkpoint(config, workdir):
         best = read_json(os.path.join(workdir, "best", "best.json"), "the best checkpoint")
         if best and best.get("checkpoint"):  # none yet: no evaluation was finite
             return best_lib.checkpoint_path(os.path.join(workdir, "best"), best)
-    latest = tf.train.latest_checkpoint(os.path.join(workdir, "checkpoints"))
+    latest = latest_checkpoint(os.path.join(workdir, "checkpoints"))
     if not latest:
         raise FileNotFoundError(
             f"Nothing to export: no checkpoint in {workdir}/checkpoints. Train first, or "

@@ -16,6 +16,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer.runtime.settings import on_off_auto
+from trainer.state.checkpoint_state import latest_checkpoint, listed_checkpoints, repair_state
 from trainer.state.layout import (LAYOUT_VERSION, SAVED_NODES, checkpoint_reader, differences,
                                   layout_variable, node, saved_variables)
 
@@ -53,25 +54,36 @@ class Checkpoints:
                  async_save=False):
         self.named, self.directory, self.step, self.is_chief = (
             named, directory, step, is_chief)
-        self.checkpoint = checkpoint = make_checkpoint(named, **others)
-        self.manager = tf.train.CheckpointManager(
-            checkpoint, directory if is_chief else tempfile.mkdtemp(),
-            max_to_keep=max_to_keep, step_counter=step)
+        self.checkpoint = make_checkpoint(named, **others)
+        self.max_to_keep = max_to_keep
+        self._manager = None  # built at the first save, after `prepare_for_writes`
         self.options = tf.train.CheckpointOptions(enable_async=async_save)
         self.saved_step = None  # the step of the newest checkpoint restored or saved
         self._writing = None  # the prefix of a save whose files may not be complete yet
         _LIVE.add(self)
 
     @property
+    def manager(self):
+        """The `tf.train.CheckpointManager`, built at the first use: it reads the state file
+        once, when built, so that must come after `prepare_for_writes` repaired it."""
+        if self._manager is None:
+            self._manager = tf.train.CheckpointManager(
+                self.checkpoint, self.directory if self.is_chief else tempfile.mkdtemp(),
+                max_to_keep=self.max_to_keep, step_counter=self.step)
+        return self._manager
+
+    @property
     def latest(self):
         """The newest checkpoint, once this process's saves are complete."""
         self.sync()
-        return tf.train.latest_checkpoint(self.directory)
+        return latest_checkpoint(self.directory)
 
     def save(self):
-        """Saves at the current step, unless the newest checkpoint is already of it."""
+        """Saves at the current step, unless the newest checkpoint is already of it.
+        Refuses to write over a readable checkpoint of the same number."""
         step = int(self.step.numpy())
         if step != self.saved_step:
+            self._check_new_number(step)
             try:
                 self._writing = self.manager.save(checkpoint_number=self.step,
                                                   options=self.options)
@@ -84,11 +96,28 @@ class Checkpoints:
                 shutil.rmtree(self.manager.directory, ignore_errors=True)
                 self._writing = None
 
+    def _check_new_number(self, step):
+        """A save of `step` where a readable ckpt-`step` exists would replace a checkpoint
+        this run did not restore: never (an unreadable one is replaced, with a warning)."""
+        prefix = os.path.join(self.directory, f"ckpt-{step}")
+        if not self.is_chief or not tf.io.gfile.exists(prefix + ".index"):
+            return
+        damage = read_error(prefix)
+        if damage is None:
+            raise RuntimeError(
+                f"Refusing to save {prefix}: a readable checkpoint of that number exists, "
+                "and this run did not restore it. Nothing was written. Move the workdir's "
+                "checkpoints away to start from scratch, or relaunch to continue from the "
+                "newest.")
+        logging.warning("Replacing the unreadable checkpoint %s (%s).", prefix, damage)
+
     def sync(self):
         """Waits until the files of every save of this process so far are complete (of
         any Checkpoints: another Trainer on the same workdir too); raises the error of
         a failed asynchronous write."""
         for checkpoints in list(_LIVE):
+            if checkpoints._manager is None:
+                continue  # nothing saved yet
             checkpoints.manager.sync()
             written, checkpoints._writing = checkpoints._writing, None
             # TensorFlow's sync only waits: a failed background write shows as missing files.
@@ -103,13 +132,17 @@ class Checkpoints:
                     "--config.trainer.async_checkpoint=off to see the error where it "
                     "happens.") from error
 
-    def remove_partial_writes(self):
-        """Removes what writes cut short left in the directory (`ckpt-N_temp`, which the
-        manager renames only once complete): call it with the workdir locked, before
-        training. A full disk leaves one as large as a checkpoint."""
+    def prepare_for_writes(self):
+        """Call it with the workdir locked, before restoring and training: rewrites a
+        missing or damaged state file from the checkpoint files (trainer/state/
+        checkpoint_state.py), and removes what writes cut short left (`ckpt-N_temp`,
+        which the manager renames only once complete; a full disk leaves one as large
+        as a checkpoint)."""
         if not self.is_chief:
             return
         self.sync()
+        if repair_state(self.directory) and self._manager is not None:
+            self._manager = None  # read the repaired state
         for path in tf.io.gfile.glob(os.path.join(self.directory, "*_temp")):
             logging.warning("Removing %s, left by a checkpoint write that did not finish.",
                             path)
@@ -141,8 +174,7 @@ class Checkpoints:
         if path:
             paths = [path]
         else:
-            state = tf.train.get_checkpoint_state(self.directory)
-            paths = list(state.all_model_checkpoint_paths) if state else []
+            paths = listed_checkpoints(self.directory)
         for remaining, path in reversed(list(enumerate(paths))):
             damage = None
             try:

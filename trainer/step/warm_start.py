@@ -22,6 +22,7 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.io import gfile
 
+from trainer.state.checkpoint_state import listed_checkpoints
 from trainer.state.checkpoints import read_error
 from trainer.state.layout import (LAYOUT_VERSION, checkpoint_reader, matching, saved_variables,
                                   variable_names)
@@ -46,8 +47,7 @@ def source_values(path, build_model, use_ema=True):
         return _checkpoint_values(path, build_model, use_ema)
     directory = os.path.join(path, "checkpoints")  # a workdir, or its checkpoints/
     directory = directory if gfile.isdir(directory) else path
-    state = tf.train.get_checkpoint_state(directory)
-    paths = list(state.all_model_checkpoint_paths) if state else []
+    paths = listed_checkpoints(directory)
     if not paths:
         raise FileNotFoundError(f"init.checkpoint={path}: no checkpoint in it. Name a "
                                 "workdir, a checkpoint (.../ckpt-N), a .weights.h5 or a "
