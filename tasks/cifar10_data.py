@@ -4,9 +4,16 @@ Reads the standard `cifar-10-batches-py` folder (pickled `data_batch_1..5`
 and `test_batch`, any number of images per file) or the
 `cifar-10-python.tar.gz` archive that contains it, from any filesystem
 `tf.io.gfile` supports (a local path, `gs://...`).
+
+The batches are pickles, and a pickle can name any function to call: they are
+decoded by an unpickler that finds only what a CIFAR batch holds (`BatchUnpickler`),
+and an archive is read only if its SHA-256 is the published one.
 """
 
+import codecs
 import dataclasses
+import hashlib
+import io
 import os
 import pickle
 import tarfile
@@ -24,10 +31,43 @@ FOLDER = "cifar-10-batches-py"
 TARBALL = "cifar-10-python.tar.gz"
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILE = "test_batch"
-KERAS_CACHE = os.path.join(os.path.expanduser("~"), ".keras", "datasets")
-# Where keras.datasets.cifar10.load_data() leaves the extracted folder.
-KERAS_EXTRACTED = os.path.join(KERAS_CACHE, "cifar-10-batches-py-target")
+# keras.utils.get_file(fname=KERAS_NAME, extract=True), as keras.datasets.cifar10 calls
+# it, extracts the archive into <cache>/KERAS_NAME/ and keeps it as <cache>/KERAS_NAME_archive.
+KERAS_NAME = "cifar-10-batches-py-target"
+TMP_CACHE = os.path.join("/tmp", ".keras")  # get_file's own fallback
 SOURCES = ("auto", "cifar10", "synthetic")
+
+
+class BatchUnpickler(pickle.Unpickler):
+    """Finds only the callables a CIFAR batch pickle needs (numpy arrays; `_codecs.encode`,
+    with which Python 3's protocol 2 writes bytes): a pickle that names anything else
+    (`os.system` in a `__reduce__`) is refused before it runs."""
+
+    _RECONSTRUCT = np.zeros(0).__reduce__()[0]  # how numpy 1 and 2 unpickle an array
+    ALLOWED = {("_codecs", "encode"): codecs.encode, ("numpy", "ndarray"): np.ndarray,
+               ("numpy", "dtype"): np.dtype,
+               ("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,  # (numpy 1 wrote it)
+               ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT}
+
+    def find_class(self, module, name):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which a CIFAR-10 batch "
+                                         "never holds (a pickle that runs code)")
+        return self.ALLOWED[(module, name)]
+
+
+def keras_cache():
+    """The datasets folder keras.utils.get_file uses: $KERAS_HOME or ~/.keras, else, when
+    that is not writable, /tmp/.keras, but only if this user owns it (any local user
+    could have made it first and put batches there). None if there is none."""
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    if os.access(home, os.W_OK):
+        return os.path.join(home, "datasets")
+    try:
+        owned = os.stat(TMP_CACHE).st_uid == os.getuid()
+    except OSError:
+        return None
+    return os.path.join(TMP_CACHE, "datasets") if owned else None
 
 
 @dataclasses.dataclass
@@ -43,7 +83,7 @@ class Cifar10:
 def parse_batch(blob, name):
     """Decodes one pickled CIFAR batch; `name` is used in errors."""
     try:
-        batch = pickle.loads(blob, encoding="bytes")
+        batch = BatchUnpickler(io.BytesIO(blob), encoding="bytes").load()
         data = np.asarray(batch[b"data"], dtype=np.uint8)
         labels = np.asarray(batch[b"labels"], dtype=np.int32)
     except Exception as e:  # pickle raises many types on truncated/corrupt input
@@ -77,7 +117,20 @@ def read_folder(folder):
     return Cifar10(*arrays, source=f"CIFAR-10 folder {folder}")
 
 
+def check_archive(path):
+    """Refuses an archive other than the published one (its SHA-256)."""
+    digest = hashlib.sha256()
+    with gfile.GFile(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    if digest.hexdigest() != SHA256:
+        raise ValueError(f"{path} is not the published {TARBALL} (its SHA-256 is "
+                         f"{digest.hexdigest()}, not {SHA256}): it is damaged or another file. "
+                         f"Delete it and download it again from {URL}.")
+
+
 def read_tarball(path):
+    check_archive(path)
     with gfile.GFile(path, "rb") as raw:  # tarfile leaves a given fileobj open
         try:
             archive = tarfile.open(fileobj=raw, mode="r:gz")
@@ -101,13 +154,18 @@ def read_tarball(path):
 
 
 def candidate_paths(data_dir):
-    """Folders and archives searched, in order."""
-    dirs = [data_dir] if data_dir else []
-    dirs += [KERAS_EXTRACTED, KERAS_CACHE]
-    paths = []
-    for d in dirs:
-        paths += [os.path.join(d, FOLDER), d, os.path.join(d, TARBALL)]
+    """Folders and archives searched, in order: `data_dir`, then Keras' cache."""
+    paths = [os.path.join(data_dir, FOLDER), data_dir, os.path.join(data_dir, TARBALL)] \
+        if data_dir else []
+    cache = keras_cache()
+    if cache:
+        paths += [os.path.join(cache, KERAS_NAME, FOLDER), os.path.join(cache, FOLDER),
+                  os.path.join(cache, f"{KERAS_NAME}_archive"), os.path.join(cache, TARBALL)]
     return paths
+
+
+def _is_archive(path):
+    return path.endswith((TARBALL, "_archive")) and _is_file(path)
 
 
 def _is_file(path):
@@ -124,7 +182,7 @@ def find_on_disk(data_dir):
     for path in candidate_paths(data_dir):
         if _is_cifar_folder(path):
             return read_folder(path)
-        if path.endswith(TARBALL) and _is_file(path):
+        if _is_archive(path):
             return read_tarball(path)
     return None
 
@@ -132,12 +190,12 @@ def find_on_disk(data_dir):
 def download():
     """The Keras download into its cache; None where that fails (offline)."""
     try:
-        root = keras.utils.get_file(fname=os.path.basename(KERAS_EXTRACTED), origin=URL,
-                                    extract=True, file_hash=SHA256)
+        root = keras.utils.get_file(fname=KERAS_NAME, origin=URL, extract=True,
+                                    file_hash=SHA256)
     except Exception as e:  # URLError, HTTPError, hash mismatch...
         logging.warning("Could not download CIFAR-10 from %s: %s", URL, e)
         return None
-    return find_on_disk(os.path.dirname(root))
+    return read_folder(os.path.join(root, FOLDER))
 
 
 def synthetic(num_train=50000, num_test=10000, seed=0):
@@ -187,7 +245,7 @@ def load(config):
                          f"choose one of {SOURCES}.")
     if config.source == "synthetic":
         return synthetic(config.synthetic_train_size, config.synthetic_test_size)
-    if config.data_dir and not any(_is_cifar_folder(p) or _is_file(p)
+    if config.data_dir and not any(_is_cifar_folder(p) or _is_archive(p)
                                    for p in candidate_paths(config.data_dir)[:3]):
         # An explicit data_dir without the dataset is a mistake, never a reason to
         # fall back to synthetic data.

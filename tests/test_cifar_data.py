@@ -1,5 +1,6 @@
 """The loader reads the real CIFAR-10 formats: files written here, read back exactly."""
 
+import hashlib
 import os
 import pickle
 import tarfile
@@ -48,14 +49,79 @@ def test_reads_folder_image_for_image(tmp_path):
     assert not data.synthetic and str(folder) in data.source
 
 
-def test_reads_tarball_image_for_image(tmp_path):
-    folder, written = write_cifar(tmp_path / "src", np.random.default_rng(1))
-    archive = tmp_path / "dl" / cifar10_data.TARBALL
-    archive.parent.mkdir()
+def write_archive(folder, archive, monkeypatch):
+    """`folder` as a cifar-10-python.tar.gz at `archive`, taken for the published one."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(folder, arcname=cifar10_data.FOLDER)
+    monkeypatch.setattr(cifar10_data, "SHA256", hashlib.sha256(archive.read_bytes()).hexdigest())
+
+
+def test_reads_tarball_image_for_image(tmp_path, monkeypatch):
+    folder, written = write_cifar(tmp_path / "src", np.random.default_rng(1))
+    archive = tmp_path / "dl" / cifar10_data.TARBALL
+    write_archive(folder, archive, monkeypatch)
     config = tiny_config(**{"data.source": "cifar10", "data.data_dir": str(archive.parent)})
     assert_matches(cifar10_data.load(config.data), written)
+
+
+def test_an_archive_that_is_not_the_published_one_is_refused(tmp_path, monkeypatch):
+    folder, _ = write_cifar(tmp_path / "src", np.random.default_rng(1))
+    archive = tmp_path / "dl" / cifar10_data.TARBALL
+    write_archive(folder, archive, monkeypatch)
+    monkeypatch.setattr(cifar10_data, "SHA256", "0" * 64)
+    config = tiny_config(**{"data.source": "cifar10", "data.data_dir": str(archive.parent)})
+    with pytest.raises(ValueError, match=r"is not the published cifar-10-python.tar.gz \(its "
+                                         r"SHA-256 is [0-9a-f]{64}, not 0+\)"):
+        cifar10_data.load(config.data)
+
+
+class RunsACommand:
+    """What a hostile batch file holds: unpickling it runs a shell command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_batch_file_that_would_run_code_is_refused_before_it_runs(tmp_path):
+    folder, _ = write_cifar(tmp_path, np.random.default_rng(2))
+    path, marker = folder / "data_batch_2", tmp_path / "ran"
+    with open(path, "rb") as f:
+        batch = pickle.load(f, encoding="bytes")
+    batch[b"extra"] = RunsACommand(marker)
+    with open(path, "wb") as f:
+        pickle.dump(batch, f, protocol=2)
+    config = tiny_config(**{"data.source": "cifar10", "data.data_dir": str(tmp_path)})
+    with pytest.raises(ValueError, match=r"data_batch_2 is not a readable CIFAR-10 batch .*"
+                                         r"names posix.system"):
+        cifar10_data.load(config.data)
+    assert not marker.exists()
+
+
+def test_a_download_into_keras_home_is_found(tmp_path, monkeypatch):
+    # Where keras.utils.get_file(fname=KERAS_NAME, extract=True) leaves it under KERAS_HOME.
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(cifar10_data, "download", lambda: None)
+    _, written = write_cifar(tmp_path / "home" / "datasets" / cifar10_data.KERAS_NAME,
+                             np.random.default_rng(4))
+    data = cifar10_data.load(tiny_config(**{"data.source": "auto", "data.data_dir": ""}).data)
+    assert not data.synthetic
+    assert_matches(data, written)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another user needs root")
+def test_a_tmp_keras_cache_of_another_user_is_never_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "not_writable"))
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # (root may write anywhere)
+    monkeypatch.setattr(cifar10_data, "TMP_CACHE", str(tmp_path / "tmp_keras"))
+    write_cifar(tmp_path / "tmp_keras" / "datasets", np.random.default_rng(5))
+    os.chown(tmp_path / "tmp_keras", 4242, 4242)  # made first by another local user
+    assert cifar10_data.keras_cache() is None
+    os.chown(tmp_path / "tmp_keras", os.getuid(), os.getgid())  # get_file's own, made by us
+    assert cifar10_data.keras_cache() == str(tmp_path / "tmp_keras" / "datasets")
 
 
 def test_corrupt_batch_file_names_the_file(tmp_path):
@@ -82,8 +148,8 @@ def test_truncated_tarball_names_the_archive(tmp_path):
 @pytest.fixture
 def offline_empty_home(tmp_path, monkeypatch):
     """No Keras cache, and the download fails as it does offline."""
-    monkeypatch.setattr(cifar10_data, "KERAS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(cifar10_data, "KERAS_EXTRACTED", str(tmp_path / "cache" / "x"))
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
     monkeypatch.setattr(cifar10_data, "download", lambda: None)
     return tmp_path
 
@@ -161,14 +227,13 @@ def copy_to(local, remote):
 
 
 @pytest.mark.parametrize("layout", ["folder", "tarball"])
-def test_reads_the_real_format_from_a_remote_filesystem(tmp_path, layout):
+def test_reads_the_real_format_from_a_remote_filesystem(tmp_path, layout, monkeypatch):
     """ram:// is TensorFlow's in-memory filesystem: what works there works on gs://."""
     folder, written = write_cifar(tmp_path / "src", np.random.default_rng(5))
-    (tmp_path / "up").mkdir()
     if layout == "tarball":
-        with tarfile.open(tmp_path / "up" / cifar10_data.TARBALL, "w:gz") as tar:
-            tar.add(folder, arcname=cifar10_data.FOLDER)
+        write_archive(folder, tmp_path / "up" / cifar10_data.TARBALL, monkeypatch)
     else:
+        (tmp_path / "up").mkdir()
         copy_to(str(tmp_path / "src"), str(tmp_path / "up"))
     remote = f"ram://cifar_{layout}"
     copy_to(str(tmp_path / "up"), remote)
