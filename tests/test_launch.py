@@ -166,6 +166,20 @@ def test_batch_larger_than_the_dataset(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_a_file_beside_the_config_never_shadows_a_standard_module(tmp_path):
+    # The user's task module imports `wave` (standard, imported by nothing before it); a
+    # wave.py beside the config in a shared folder must not be what it gets.
+    (tmp_path / "wave.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    (tmp_path / "my_task.py").write_text("import wave\nassert hasattr(wave, 'open')\n")
+    (tmp_path / "config.py").write_text(
+        "from configs import cifar\n\ndef get_config():\n    c = cifar.get_config()\n"
+        "    c.task.module = 'my_task'\n    return c\n")
+    (tmp_path / "run").mkdir()
+    run = launch(tmp_path / "run", "--mode=export", config=str(tmp_path / "config.py"))
+    assert "Nothing to export" in run.stderr, run.stderr[-2000:]  # my_task imported fine
+    assert not (tmp_path / "ran").exists()
+
+
 def test_second_launch_on_a_busy_workdir_is_refused(tmp_path):
     from trainer.state.workdir import WorkdirLock
     with WorkdirLock(str(tmp_path)):

@@ -46,10 +46,13 @@ def main(argv):
     if FLAGS.local_workers:
         from trainer.runtime import local_workers
         sys.exit(local_workers.run(FLAGS.local_workers, sys.argv))
-    # Modules next to the config file (a Task, actions) import by their bare name.
+    # Modules next to the config file (a Task, actions) import by their bare name, after
+    # every other place: a file there (in a shared folder, anyone's) never shadows an
+    # installed or standard module.
     config_dir = os.path.dirname(os.path.abspath(config_flags.get_config_filename(
         FLAGS["config"])))
-    sys.path.insert(0, config_dir)
+    if config_dir not in sys.path:
+        sys.path.append(config_dir)
     try:
         execute(FLAGS.config, FLAGS.workdir, FLAGS.mode)
     except Preempted as e:  # on every worker alike: the same message and exit status

@@ -1,9 +1,9 @@
 """User code named in the config: a Task module, an action class or function.
 
 Names are dotted import paths (`my_project.tasks`, `my_actions.PrintLoss`).
-The command line (trainer/cli.py) puts the config file's own directory first on
+The command line (trainer/cli.py) puts the config file's own directory last on
 `sys.path`, so a file next to the config imports by its bare name, from any
-working directory.
+working directory, and never shadows an installed or standard module.
 """
 
 import importlib
