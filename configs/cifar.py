@@ -139,8 +139,11 @@ def get_config():
 def init_config():
     """Warm start (fine-tuning), applied at step 0 only, never over a resume.
 
-    checkpoint: a run's workdir or checkpoint (ckpt-N), a Keras .weights.h5 (of this
-    task's architecture) or .keras file; "" starts from the model's initializers.
+    checkpoint: a run's workdir or checkpoint (ckpt-N), a Keras .weights.h5 or .keras
+    file (weights only, read into this task's model); "" starts from the initializers.
+    keras_architecture: a .keras file builds its own architecture (Keras' safe mode),
+    for another model's weights with `rename`. Only for a file you trust: its config
+    can name code to import.
     include / exclude: regexes over this model's variable names (whole names).
     rename: ((regex, replacement), ...) applied in turn (re.sub) to the source's names.
     strict: an included variable the source lacks, or holds in another shape, is an
@@ -150,4 +153,5 @@ def init_config():
     weights). The init table and init.json say which.
     """
     return ml_collections.ConfigDict(dict(checkpoint="", include=(".*",), exclude=(),
-                                          rename=(), strict=True, use_ema=True))
+                                          rename=(), strict=True, use_ema=True,
+                                          keras_architecture=False))

@@ -3,6 +3,7 @@ run or a Keras file (`config.init`), frozen variables, weight decay exclusions."
 
 import json
 import re
+import zipfile
 
 import keras
 import numpy as np
@@ -138,13 +139,48 @@ def test_init_renames_a_backbones_paths(tmp_path):
     other.save(str(tmp_path / "other.keras"))
     trainer = zoo_run("frozen_backbone", tmp_path, "run", **{
         "init.checkpoint": str(tmp_path / "other.keras"), "init.include": ("backbone/.*",),
-        "init.rename": (("^stem_bn/", "backbone/batch_normalization/"),
+        "init.keras_architecture": True, "init.rename": (("^stem_bn/", "backbone/batch_normalization/"),
                         ("^stem/", "backbone/conv2d/"))})
     trainer.restore_or_warm_start()
     np.testing.assert_array_equal(trainer.variable_names["backbone/conv2d/kernel"].numpy(),
                                   conv.kernel.numpy())
     np.testing.assert_array_equal(
         trainer.variable_names["backbone/batch_normalization/moving_variance"].numpy(), 2.0)
+
+
+@keras.saving.register_keras_serializable("tests")
+class Deserialized(keras.layers.Layer):
+    """Leaves a file behind when Keras builds it from a config, as hostile code would."""
+
+    marker = None
+
+    @classmethod
+    def from_config(cls, config):
+        open(cls.marker, "w").close()
+        return cls()
+
+
+def test_a_keras_file_gives_its_weights_and_never_builds_its_architecture(tmp_path,
+                                                                          monkeypatch):
+    source = build(tiny_config(), tmp_path / "source")
+    path = tmp_path / "model.keras"
+    source.model.save(str(path))
+    # Its config.json now names a class whose construction runs code.
+    with zipfile.ZipFile(path) as z:
+        files = {n: z.read(n) for n in z.namelist()}
+    files["config.json"] = json.dumps({"module": None, "class_name": "Deserialized",
+                                       "registered_name": "tests>Deserialized",
+                                       "config": {}}).encode()
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    monkeypatch.setattr(Deserialized, "marker", str(tmp_path / "built"))
+    tuned = build(tiny_config(**{"init.checkpoint": str(path)}), tmp_path / "tuned")
+    record = tuned.warm_start()
+    assert not (tmp_path / "built").exists()
+    assert record["weights"] == "the file's weights" and not record["left_at_init"]
+    for name, variable in tuned.variable_names.items():
+        np.testing.assert_array_equal(variable.numpy(), source.variable_names[name].numpy())
 
 
 def test_a_frozen_regex_leaves_its_variables_bitwise_unchanged(tmp_path):

@@ -32,17 +32,31 @@ RECORD = "init.json"
 EMA_SLOT = "/average"  # Keras' EMA of a weight, as the checkpoint layout names its slot
 
 
-def source_values(path, build_model, use_ema=True):
+def source_values(path, build_model, use_ema=True, keras_architecture=False):
     """({name: numpy value} of the model variables in `path`, which weights they are):
-    `path` is a workdir (its newest readable checkpoint), one of our checkpoints, a
-    `.keras` file, or a `.weights.h5` file read into `build_model()`. With `use_ema`, a
-    checkpoint that keeps an EMA of the weights gives its averages."""
-    if path.endswith(".weights.h5"):
+    `path` is a workdir (its newest readable checkpoint), one of our checkpoints, or a
+    `.weights.h5` or `.keras` file read into `build_model()`. With `use_ema`, a
+    checkpoint that keeps an EMA of the weights gives its averages.
+
+    A `.keras` file's architecture (its config.json) can name code to import, so
+    only its weights are read, unless `keras_architecture` (init.keras_architecture:
+    a file the user trusts) builds its own model."""
+    if path.endswith(".keras") and keras_architecture:
+        model = keras.saving.load_model(path, compile=False, safe_mode=True)
+        return _values(model), "the file's weights (its own architecture)"
+    if path.endswith((".weights.h5", ".keras")):
         model = build_model()
-        model.load_weights(path)
+        try:
+            model.load_weights(path)  # (of a .keras file, Keras reads model.weights.h5 only)
+        except ValueError as e:
+            raise ValueError(
+                f"init.checkpoint={path}: its weights do not fit this task's model "
+                f"({str(e).strip().splitlines()[0][:300]}). A .weights.h5 or .keras file is "
+                "read into this task's model; its own architecture is never built (it can "
+                "name code to run). For the weights of another architecture set "
+                "--config.init.keras_architecture=true (a .keras file you trust) with "
+                "init.rename, or start from a run's checkpoint.") from e
         return _values(model), "the file's weights"
-    if path.endswith(".keras"):
-        return _values(keras.saving.load_model(path, compile=False)), "the file's weights"
     if not gfile.isdir(path):  # one checkpoint, named
         return _checkpoint_values(path, build_model, use_ema)
     directory = os.path.join(path, "checkpoints")  # a workdir, or its checkpoints/
@@ -119,7 +133,8 @@ def warm_start(config, variables, build_model, files, workdir):
     include = matching(variables, init.include, "init.include")
     excluded = set(matching(variables, init.exclude, "init.exclude"))
     values = {}
-    source, kind = source_values(init.checkpoint, build_model, init.get("use_ema", True))
+    source, kind = source_values(init.checkpoint, build_model, init.use_ema,
+                                 init.keras_architecture)
     for name, value in _weights(source).items():
         for pattern, replacement in init.rename:
             name = re.sub(pattern, replacement, name)
