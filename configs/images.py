@@ -28,6 +28,9 @@ def get_config():
         image_key="", label_key="",
         num_classes=0,           # 0: from the data (class folders, TFDS info); tfrecord needs it
         image_size=64,           # every image is resized to image_size x image_size, 3 channels
+        # A file whose header declares more pixels is bad (an error, or left out with
+        # skip_bad), never decoded: 16 decode at once, resized in float32 (Pillow's limit).
+        max_image_pixels=89_478_485,
         global_batch_size=128,
         augment=True,            # pad-4 random crops and flips, as the CIFAR task's
         normalization="standardize",  # unit_range | standardize

@@ -21,13 +21,16 @@ def image_splits(data):
     return _OPENED[key]
 
 
-def read_batch(source, examples, image_size, num_classes):
-    """Checked uint8 images [B, s, s, 3] and labels [B] of `source`'s examples [B]."""
+def read_batch(source, examples, data, num_classes):
+    """Checked uint8 images [B, s, s, 3] and labels [B] of `source`'s examples [B]
+    (`data`: config.data)."""
     encoded, labels, names = source.read(examples)
     if source.paths_only:
         encoded = image_decode.read_files(encoded)
-    images, readable = image_decode.decode_batch(encoded, image_size)
-    return image_decode.checked(images, readable, labels, names, num_classes)
+    images, readable, pixels = image_decode.decode_batch(encoded, data.image_size,
+                                                         data.max_image_pixels)
+    return image_decode.checked(images, readable, pixels, data.max_image_pixels, labels,
+                                names, num_classes)
 
 
 class ImageSplits:
@@ -85,7 +88,7 @@ class ImageSplits:
             ds = self._readable_examples(source)
         else:
             ds = tf.data.Dataset.range(source.size).batch(256).map(
-                lambda i: (i, *read_batch(source, i, c.image_size, self.num_classes)),
+                lambda i: (i, *read_batch(source, i, c, self.num_classes)),
                 AUTOTUNE)
         indices, images, labels = [], [], []
         for i, x, y in ds.as_numpy_iterator():
@@ -99,7 +102,8 @@ class ImageSplits:
         self._check_labels(source, kept[(labels < 0) | (labels >= self.num_classes)])
         self.skipped[split] = self._names(source, np.setdiff1d(np.arange(source.size), kept))
         if self.skipped[split]:
-            logging.warning("data.skip_bad: leaving out %d unreadable %s file(s): %s%s",
+            logging.warning("data.skip_bad: leaving out %d unreadable %s file(s) (not an "
+                            "image, damaged, or over data.max_image_pixels): %s%s",
                             len(self.skipped[split]), split, "; ".join(self.skipped[split][:20]),
                             " ..." if len(self.skipped[split]) > 20 else "")
         self._kept[split] = kept
@@ -107,14 +111,17 @@ class ImageSplits:
             self.arrays[split] = (np.concatenate(images), labels)
 
     def _readable_examples(self, source):
-        """(indices, images, labels) batches of the examples that decode. Each decode is
+        """(indices, images, labels) batches of the examples that decode (and declare at
+        most data.max_image_pixels, so that a decode never exhausts memory). Each decode is
         a dataset of its own whose errors are dropped, so one bad file costs only itself,
         and a failed read (not a decode) still stops the scan."""
         size = self.config.image_size
 
         def decoded(index, encoded, label, name):
             def decode(encoded):
-                readable = image_decode.looks_like_image(encoded)
+                readable = image_decode.looks_like_image(encoded) & (
+                    image_decode.declared_pixels(encoded[None])[0]
+                    <= self.config.max_image_pixels)
                 with tf.control_dependencies([tf.debugging.Assert(readable, [name])]):
                     return index, image_decode.decode(encoded, size), label
 

@@ -74,8 +74,8 @@ class ImagesTask(cifar10.Cifar10Task):
             ds = ds.batch(batch_size).map(lambda i: (i, tf.constant(0, tf.int64)))
 
         def batch(indices, g):
-            images, labels = read_batch(source, tf.gather(kept_table, indices),
-                                        c.image_size, self.data.num_classes)
+            images, labels = read_batch(source, tf.gather(kept_table, indices), c,
+                                        self.data.num_classes)
             if split == "train" and c.augment:
                 seed = tf.stack([tf.constant(self.config.seed, tf.int64), g])
                 return cifar10.augment_and_normalize(images, seed, c.normalization), labels
@@ -104,9 +104,9 @@ class ImagesTask(cifar10.Cifar10Task):
     def explain_input_error(self, error):
         """A decoder's error names no file: find the files that do not decode and name
         them (one decode pass over the opened splits, on failure only)."""
-        if not (isinstance(error, tf.errors.InvalidArgumentError)
-                and "DecodeImage" in str(error)):  # another error: the run says it as is
-            return None
+        if not (isinstance(error, tf.errors.InvalidArgumentError) and any(
+                op in str(error) for op in ("DecodeImage", "ExtractJpegShape"))):
+            return None  # another error: the run says it as is
         bad = [name for split in self.data.opened() for name in self.data.unreadable(split)]
         if not bad:
             return None

@@ -3,6 +3,8 @@ order (exact resume, shares per input pipeline, any topology), and bad input nam
 
 import hashlib
 import io
+import struct
+import zlib
 import json
 import os
 import subprocess
@@ -14,7 +16,7 @@ import tensorflow as tf
 
 import image_data
 import tasks
-from tasks import image_splits
+from tasks import image_decode, image_splits
 from trainer import assemble
 from configs import images
 from conftest import build, kill_relaunch_and_compare, override
@@ -204,6 +206,45 @@ def test_skip_bad_leaves_out_the_same_files_on_every_launch(tmp_path, caplog):
     for (xa, ya), (xb, yb) in zip(a, b):
         np.testing.assert_array_equal(xa, xb)
         np.testing.assert_array_equal(ya, yb)
+
+
+def png_declaring(width, height):
+    """A grayscale PNG of about 100 bytes whose header declares width x height."""
+    return (image_decode._HEADS[0] + image_decode._png_chunk(
+        b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+        + image_decode._png_chunk(b"IDAT", zlib.compress(b"\0" * 4096))
+        + image_decode._png_chunk(b"IEND", b""))
+
+
+def test_the_pixels_an_image_declares_are_read_from_its_header():
+    rng = np.random.default_rng(0)
+    files = [tf.io.encode_png(rng.integers(0, 255, (5, 7, 1), np.uint8)).numpy(),
+             tf.io.encode_jpeg(rng.integers(0, 255, (12, 6, 3), np.uint8)).numpy(),
+             encode(rng.integers(0, 255, (4, 9), np.uint8), "GIF"),
+             encode(rng.integers(0, 255, (6, 3, 3), np.uint8), "BMP"),
+             png_declaring(100_000, 100_000), b"no image", b""]
+    pixels = image_decode.declared_pixels(tf.constant(files)).numpy().tolist()
+    assert pixels == [35, 72, 36, 18, 10**10, 0, 0]
+
+
+def test_an_image_declaring_too_many_pixels_is_named_and_never_decoded(tmp_path, caplog):
+    # 10^10 pixels in about 100 bytes: decoding it would need 10 GB, 40 GB to resize.
+    data = folder_with(tmp_path, {"huge.png": png_declaring(100_000, 100_000)})
+    task = tasks.get_task(files_config(data, **{"data.global_batch_size": 61}))
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        next(iter(task.build_inputs("train", context())))
+    message = str(e.value)
+    assert "more than data.max_image_pixels=89478485 pixels" in message
+    assert "digit_1/huge.png" in message and "10000000000" in message
+    caplog.set_level("WARNING")
+    config = files_config(data, **{"data.skip_bad": True, "data.global_batch_size": 8})
+    skipping = tasks.get_task(config).data
+    assert len(skipping.kept("train")) == 60
+    assert skipping.skipped["train"] == [os.path.join(data["train"], "digit_1", "huge.png")]
+    # The limit is the config's: the digits' 64 pixels are too many for 63.
+    small = files_config(data, **{"data.max_image_pixels": 63, "data.global_batch_size": 4})
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_image_pixels=63"):
+        next(iter(tasks.get_task(small).build_inputs("train", context())))
 
 
 def test_bad_data_configs_are_named(tmp_path, digits_files):
