@@ -41,7 +41,8 @@ def get_config():
         # the same ones on every launch; False: the first one stops the run, named.
         skip_bad=False,
         # "": off; "local": a tf.data service inside this process (a dispatcher and
-        # service_workers workers; for tests); "grpc://host:port": a running dispatcher
+        # service_workers workers; for tests; their gRPC ports listen on every interface,
+        # README 'Security'); "grpc://host:port": a running dispatcher
         # (python -m tasks.data_service). BUILD.md says which guarantees change.
         service="", service_workers=2))
     c.optimizer.update(name="sgd", learning_rate=0.1, schedule="cosine", warmup_steps=200)

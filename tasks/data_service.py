@@ -1,6 +1,7 @@
 """Train input through the tf.data service, when decoding on the trainer's cores is the
 bottleneck: `data.service` = "local" (a dispatcher and workers inside the training
-process, sharing its cores: for tests) or "grpc://host:port" (a running dispatcher whose
+process, sharing its cores: for tests; its gRPC ports still listen on every interface)
+or "grpc://host:port" (a running dispatcher whose
 workers run on other machines; BUILD.md, "Input pipelines", shows how to start them).
 
 Dynamic sharding hands each replica batch of the step-indexed stream to one worker:
@@ -17,6 +18,8 @@ same paths):
 
 import tensorflow as tf
 from absl import logging
+
+from trainer.runtime.open_ports import port_of, warn_open_ports
 
 GUARANTEE = ("data.service=%s: train batches come from tf.data service workers, each "
              "replica batch of the stream at most once (dynamic sharding), so each example "
@@ -39,6 +42,9 @@ def local_service(workers):
         for _ in range(workers)]
     logging.info("tf.data service: a dispatcher at %s and %d worker(s) in this process.",
                  dispatcher.target, workers)
+    warn_open_ports("data.service=local: the tf.data service dispatcher and workers of "
+                    "this process", [port_of(dispatcher.target)]
+                    + [port_of(s._address) for s in servers])  # (TF's own attribute)
     _LOCAL[workers] = (dispatcher, servers)
     return dispatcher.target
 
@@ -81,6 +87,8 @@ def serve(argv):
             worker_address=f"{f.worker_host}:{f.port}" if f.worker_host else None))
     logging.info("tf.data service %s serving on port %d.",
                  "dispatcher" if f.dispatcher else "worker", f.port)
+    warn_open_ports(f"This tf.data service {'dispatcher' if f.dispatcher else 'worker'}",
+                    [f.port])
     server.join()
 
 

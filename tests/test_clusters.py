@@ -1,10 +1,13 @@
 """Multi-worker launches: `--local_workers=N` and a Slurm step's environment."""
 
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+
+import yaml
 
 from conftest import checkpoint_steps
 from trainer.runtime import local_workers
@@ -42,6 +45,14 @@ def test_local_workers_run_a_cluster_and_the_check_names_a_worker_that_drifts(tm
                           f"--workdir={tmp_path}/run"], cwd=ROOT, env=ENV, capture_output=True,
                          text=True, timeout=300)
     lines = run.stderr.splitlines()
+    # The ports the workers open are told, with what anyone reaching them can do.
+    told = re.search(r"\[local_workers\] The gRPC servers of the 2 workers listen on ports "
+                     r"(\d+), (\d+) on every network interface .*can run any TensorFlow "
+                     r"graph", run.stderr)
+    assert told, run.stderr[-3000:]
+    for i in range(2):
+        assert any(line.startswith(f"[worker {i}] ") and "This worker's MultiWorkerMirrored "
+                   "gRPC server listens on port" in line for line in lines)
     for i in range(2):
         assert any(line.startswith(f"[worker {i}] ") and "Cluster from tf_config: 2 "
                    f"worker(s) (localhost:" in line and f"this process is worker {i}; 1 "
@@ -130,6 +141,15 @@ def test_the_kubernetes_manifest_gives_each_pod_its_tf_config():
     hosts = ["tftrainer-0.tftrainer-workers:2222", "tftrainer-1.tftrainer-workers:2222"]
     for i, config in enumerate(configs):
         assert config == {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": i}}
+    # Only the job's own pods reach the workers' port.
+    policy = next(d for d in yaml.safe_load_all(manifest) if d["kind"] == "NetworkPolicy")
+    pods = {"job-name": next(d for d in yaml.safe_load_all(manifest)
+                             if d["kind"] == "Job")["metadata"]["name"]}
+    assert policy["spec"]["podSelector"]["matchLabels"] == pods
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": pods}}]
+    assert rule["ports"] == [{"port": int(env["TFTRAINER_PORT"])}]
     run = subprocess.run([sys.executable, "-m", "trainer.runtime.kubernetes"], cwd=ROOT,
                          env=dict(ENV, JOB_COMPLETION_INDEX="1", **env), capture_output=True,
                          text=True, timeout=60)

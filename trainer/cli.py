@@ -36,7 +36,9 @@ flags.DEFINE_enum("mode", "train_and_eval", MODES,
 flags.DEFINE_integer("local_workers", 0, "N >= 2: run N workers of this command on this "
                      "machine, a MultiWorkerMirrored cluster on localhost ports (a generated "
                      "TF_CONFIG each), their logs prefixed [worker i]; exits with the worst "
-                     "status.")
+                     "status. Each worker's gRPC server listens on every network interface, "
+                     "unauthenticated, and runs any graph it is sent: use it on a machine "
+                     "whose firewall keeps those ports private (README, 'Security').")
 flags.mark_flags_as_required(["config", "workdir"])
 
 

@@ -7,6 +7,8 @@ import shutil
 import tensorflow as tf
 from absl import logging
 
+from trainer.runtime.open_ports import port_of, warn_open_ports
+
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 CLUSTERS = ("tf_config", "slurm")
 ALL_REDUCE = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
@@ -63,6 +65,9 @@ def _log_cluster(strategy, source):
     logging.info("Cluster from %s: %d worker(s) (%s); this process is %s %d; %d replica(s) "
                  "per worker.", source, len(workers), ", ".join(workers), resolver.task_type,
                  resolver.task_id, strategy.num_replicas_in_sync // max(len(workers), 1))
+    own = resolver.cluster_spec().task_address(resolver.task_type, resolver.task_id)
+    warn_open_ports(f"This {resolver.task_type}'s MultiWorkerMirrored gRPC server",
+                    [port_of(own)])
 
 
 def _make_strategy(config):

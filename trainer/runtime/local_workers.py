@@ -1,5 +1,7 @@
 """`--local_workers=N`: N worker processes of the same command on this machine, a
 MultiWorkerMirrored cluster on localhost ports, to try multi-worker before a cluster.
+Their gRPC servers listen on every interface, not only localhost (trainer/runtime/
+open_ports.py): the command says so as it starts them.
 
 Each worker gets a generated `TF_CONFIG` (free ports, task index i) and
 `--config.distribution.strategy=multi_worker`; their output is streamed with a
@@ -16,6 +18,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from trainer.runtime.open_ports import open_ports_message
 
 POLL_SECONDS = 0.2
 
@@ -64,7 +68,10 @@ def run(count, argv):
     worst (a signal n as 128+n)."""
     if count < 2:
         raise ValueError(f"--local_workers={count}: a cluster needs 2 or more workers.")
-    cluster = {"worker": [f"localhost:{p}" for p in free_ports(count)]}
+    ports = free_ports(count)
+    cluster = {"worker": [f"localhost:{p}" for p in ports]}
+    sys.stderr.write("[local_workers] " + open_ports_message(
+        f"The gRPC servers of the {count} workers", ports) + "\n")
     command = [sys.executable, *without_flag(argv, "local_workers"),
                "--config.distribution.strategy=multi_worker"]
     lock = threading.Lock()
