@@ -2,10 +2,11 @@
 tf.train.Example: the inputs of the benchmarks and of the file-format tests."""
 
 import os
-import shutil
 
 import numpy as np
 import tensorflow as tf
+
+from benchmarks.scratch import MARK, fresh_directory
 
 
 def write_folder(root, images, labels, names=None):
@@ -51,9 +52,9 @@ def write_data(root, n):
     """root/{folder/{train,eval}, tfrecord/{train,eval}-*, cifar/cifar-10-batches-py}."""
     from tasks import cifar10_data
     done = os.path.join(root, f"done_{n}")  # written last: a complete set of n images
-    if os.path.exists(done):
+    if os.path.exists(done) and os.path.exists(os.path.join(root, MARK)):
         return root
-    shutil.rmtree(root, ignore_errors=True)
+    fresh_directory(root)  # (never a folder the benchmarks did not make)
     images, labels = make_images(n + 2000)
     train, test = slice(0, n), slice(n, None)
     for split, part in (("train", train), ("eval", test)):

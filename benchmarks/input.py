@@ -16,7 +16,6 @@ Writes results.json and results.md to --out.
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import time
 from absl import app, flags
 
 from benchmarks.image_files import write_data
+from benchmarks.scratch import fresh_directory
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["seed_cnn", "resnet"], "seed_cnn and/or resnet.")
@@ -72,8 +72,7 @@ def launch(args):
 
 
 def throughput(model, fmt, root):
-    workdir = os.path.join(FLAGS.out, "runs", f"{model}_{fmt}")
-    shutil.rmtree(workdir, ignore_errors=True)
+    workdir = fresh_directory(os.path.join(FLAGS.out, "runs", f"{model}_{fmt}"))
     lines, rc = launch(run_args(model, fmt, root, workdir, FLAGS.steps))
     if rc:
         raise RuntimeError("".join(line for _, line in lines)[-3000:])
@@ -88,8 +87,7 @@ def throughput(model, fmt, root):
 def resume_cost(fmt, root):
     """Seconds from a relaunch at a mid-epoch checkpoint to its first step, and from a
     fresh launch to its first step."""
-    workdir = os.path.join(FLAGS.out, "runs", f"resume_{fmt}")
-    shutil.rmtree(workdir, ignore_errors=True)
+    workdir = fresh_directory(os.path.join(FLAGS.out, "runs", f"resume_{fmt}"))
     mid = FLAGS.images // FLAGS.batch // 2
     out = {"format": fmt}
     for name, steps in (("fresh_to_first_step", mid), ("relaunch_to_first_step", mid + 1)):

@@ -19,12 +19,13 @@ Writes results.json and results.md to --out.
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 
 from absl import app, flags
+
+from benchmarks.scratch import fresh_directory
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("tables", ["traffic", "learning"], "traffic and/or learning.")
@@ -82,9 +83,7 @@ def launch(args, log):
 
 def traffic(model, option, workers):
     name = f"{model}_{'_'.join(map(str, option))}_{workers}w"
-    run_dir = os.path.join(FLAGS.out, "runs", name)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    os.makedirs(run_dir)
+    run_dir = fresh_directory(os.path.join(FLAGS.out, "runs", name))
     records = os.path.join(run_dir, "traffic.jsonl")
     config = os.path.join(run_dir, "config.py")
     with open(config, "w") as f:
@@ -128,9 +127,8 @@ def learning(root):
     rows = []
     for name, seed, workers in (("1 process", 0, 1), ("2 workers", 0, 2),
                                 ("1 process, seed 1", 1, 1)):
-        run_dir = os.path.join(FLAGS.out, "runs", f"learning_{workers}w_seed{seed}")
-        shutil.rmtree(run_dir, ignore_errors=True)
-        os.makedirs(run_dir)
+        run_dir = fresh_directory(os.path.join(FLAGS.out, "runs",
+                                               f"learning_{workers}w_seed{seed}"))
         args = ["--config=configs/cifar.py", f"--workdir={run_dir}", "--mode=train_and_eval",
                 "--config.model.name=resnet", "--config.data.augment=True",
                 "--config.data.source=cifar10", f"--config.data.data_dir={root}/cifar",

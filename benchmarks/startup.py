@@ -18,7 +18,6 @@ to --out.
 
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from benchmarks.contenders import fit_setup, fresh_cache
+from benchmarks.scratch import fresh_directory
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("configs", ["cifar", "lm", "vit_cifar"], "Config files in configs/.")
@@ -160,9 +160,7 @@ def benchmark():
     for name in FLAGS.configs:
         runs = {"first": [], "relaunch": [], "fit": []}
         for repeat in range(FLAGS.repeats):
-            base = os.path.join(FLAGS.out, "runs", f"{name}_{repeat}")
-            shutil.rmtree(base, ignore_errors=True)
-            os.makedirs(base)
+            base = fresh_directory(os.path.join(FLAGS.out, "runs", f"{name}_{repeat}"))
             cache = fresh_cache(base)
             runs["first"].append(trainer_launch(name, f"{base}/trainer", FLAGS.steps,
                                                 f"{base}/first.log", cache))

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -74,3 +76,18 @@ def test_time_to_accuracy_harness_smoke(tmp_path):
         first_hit = next(s for _, s, v in r["curve"] if v <= 7.0)
         assert r["step"] == first_hit
     assert "| lm | bits_per_byte <= 7.0 |" in run.stdout
+
+
+def test_a_benchmark_deletes_only_directories_it_made(tmp_path):
+    from benchmarks import image_files, scratch
+    mine = tmp_path / "mine"  # --data=DIR naming a folder the user already had
+    mine.mkdir()
+    (mine / "keep.txt").write_text("the user's")
+    with pytest.raises(SystemExit, match=r"holds files a benchmark did not write; nothing "
+                                         r"was deleted"):
+        image_files.write_data(str(mine), 10)
+    assert (mine / "keep.txt").read_text() == "the user's"
+    made = scratch.fresh_directory(str(tmp_path / "made"))  # a benchmark's own, rewritten
+    (tmp_path / "made" / "old_run").write_text("")
+    assert scratch.fresh_directory(made) == made
+    assert os.listdir(made) == [scratch.MARK]

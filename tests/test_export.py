@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -100,6 +101,29 @@ def test_a_bad_checkpoint_is_a_clear_error_and_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match="Cannot export checkpoint .*ckpt-7"):
         export(config, task, str(tmp_path))
     assert not (tmp_path / "export").exists()
+
+
+def test_an_export_cut_short_is_never_taken_for_a_whole_one(tmp_path, caplog):
+    config = tiny_config(**{"trainer.train_steps": 2, "trainer.best_metric": ""})
+    task = tasks.get_task(config)
+    build(config, tmp_path).train(evaluate=False)
+    directory = export(config, task, str(tmp_path))
+    assert os.path.exists(os.path.join(directory, "assets.extra", "COMPLETE"))
+    # A rename on gs:// copies object by object: a crash left the metadata, not the rest.
+    shutil.rmtree(os.path.join(directory, "variables"))
+    os.remove(os.path.join(directory, "assets.extra", "COMPLETE"))
+    assert export(config, task, str(tmp_path)) == directory
+    assert any("without its completion mark" in r.getMessage() for r in caplog.records)
+    assert os.path.exists(os.path.join(directory, "assets.extra", "COMPLETE"))
+    served = tf.saved_model.load(directory).signatures["serving_default"]
+    assert "probabilities" in served(images=tf.zeros([1, 32, 32, 3], tf.uint8))
+    # A directory of another tool's files is never replaced.
+    other = tmp_path / "export" / "2"
+    shutil.rmtree(other)
+    (other / "mine").mkdir(parents=True)
+    with pytest.raises(FileExistsError, match="no assets.extra/export.json: files of another"):
+        export(config, task, str(tmp_path))
+    assert (other / "mine").exists()
 
 
 def test_an_export_in_the_training_policy_keeps_its_float32_layers(tmp_path):

@@ -34,6 +34,9 @@ from trainer.step.optimizers import build_optimizer, trained_variables
 
 COMPUTE_DTYPES = ("float32", "training")
 METADATA = os.path.join("assets.extra", "export.json")
+# Written last, once the export is whole in place: a rename on gs:// copies object by
+# object, so a crash part-way leaves a directory with its metadata but not all its files.
+COMPLETE = os.path.join("assets.extra", "COMPLETE")
 
 
 def choose_checkpoint(config, workdir):
@@ -89,13 +92,18 @@ def export(config, task, workdir, checkpoint=None, layer_policies=None):
                            for s in flat_spec},
                 "outputs": {name: t.dtype.name for name, t in served.items()}}
     existing = read_json(os.path.join(directory, METADATA), "an export's metadata")
-    if existing == metadata:
+    complete = gfile.exists(os.path.join(directory, COMPLETE))
+    if existing == metadata and complete:
         logging.info("%s already holds this export.", directory)
         return directory
-    if gfile.exists(directory):
+    if existing == metadata:  # this same export, cut short: written again in its place
+        logging.warning("%s holds this export without its completion mark (%s): a copy "
+                        "cut short. Writing it again.", directory, COMPLETE)
+    elif gfile.exists(directory):
         raise FileExistsError(
-            f"{directory} holds another export of step {step} ({existing}); move it away "
-            "to export again.")
+            f"{directory} holds another export of step {step} "
+            f"({existing or f'no {METADATA}: files of another tool, or a copy cut short'}); "
+            "move it away to export again.")
 
     archive = keras.export.ExportArchive()
     archive.track(model)
@@ -110,7 +118,11 @@ def export(config, task, workdir, checkpoint=None, layer_policies=None):
     gfile.makedirs(os.path.join(temporary, os.path.dirname(METADATA)))
     with gfile.GFile(os.path.join(temporary, METADATA), "w") as f:
         f.write(json.dumps(metadata, indent=2))
+    if gfile.exists(directory):
+        gfile.rmtree(directory)
     gfile.rename(temporary, directory)
+    with gfile.GFile(os.path.join(directory, COMPLETE), "w") as f:
+        f.write(f"step {step}\n")
     logging.info("Exported step %d (%s, compute dtype %s) to %s.", step, checkpoint,
                  compute_dtype, directory)
     return directory
