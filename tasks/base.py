@@ -104,3 +104,8 @@ class Task(abc.ABC):
     def describe_data(self):
         """One line saying where the data came from, for logs and the final summary."""
         return "unknown"
+
+    def data_paths(self):
+        """The local folders and globs the task reads: a training run refuses a workdir
+        they reach (its own files would become data, and change between launches)."""
+        return ()

@@ -27,6 +27,10 @@ class ImagesTask(cifar10.Cifar10Task):
     def data(self):
         return image_splits(self.config.data)
 
+    def data_paths(self):
+        c = self.config.data
+        return tuple(p for p in (c.train, c.eval) if p) if c.format != "tfds" else ()
+
     def describe_data(self):
         return self.data.describe()
 

@@ -119,6 +119,9 @@ class ByteLMTask(base.Task):
         return (blocks_train_flops(m.seq_len, m.num_layers, m.d_model, m.mlp_dim, causal=True)
                 + 6 * m.d_model * VOCAB * m.seq_len)
 
+    def data_paths(self):
+        return () if self.config.data.files == "stdlib" else (self.config.data.files,)
+
     def describe_data(self):
         train, val = self.splits
         return f"text files {self.config.data.files} ({len(train)} + {len(val) - 1} bytes)"

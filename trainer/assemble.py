@@ -31,7 +31,7 @@ from trainer.outputs.profiler import Profile, check_profile_steps
 from trainer.outputs.samples import Samples
 from trainer.runtime.distribute import is_chief
 from trainer.runtime.precision import layers_of, set_policy, use_float32_layers
-from trainer.state.workdir import ChiefFiles
+from trainer.state.workdir import ChiefFiles, check_outside_data
 from trainer.step.trainer import Trainer
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval", "sample", "precision_check",
@@ -75,6 +75,8 @@ def _run_mode(config, strategy, workdir, mode):
 def _run(config, strategy, workdir, mode, summary):
     set_policy(config.precision, strategy)
     task = tasks.get_task(config)
+    if mode in ("train", "train_and_eval"):
+        check_outside_data(workdir, task.data_paths())
     if mode == "export":
         run_export(config, task, strategy, workdir, summary)
         return

@@ -11,6 +11,9 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+import tasks
+import trainer
+
 from trainer.assemble import MODES, run
 from trainer.loop import startup
 from trainer.loop.consistency import ReplicasDiverged
@@ -56,7 +59,7 @@ def main(argv):
     if config_dir not in sys.path:
         sys.path.append(config_dir)
     try:
-        execute(FLAGS.config, FLAGS.workdir, FLAGS.mode)
+        execute(FLAGS.config, os.path.expanduser(FLAGS.workdir), FLAGS.mode)
     except Preempted as e:  # on every worker alike: the same message and exit status
         logging.warning("%s", e)
         logging.flush()
@@ -69,6 +72,27 @@ def main(argv):
         logging.error("%s", e)
         logging.flush()
         sys.exit(1)
+    except TOLD as e:
+        if not raised_here(e):  # inside a library or user code: its traceback helps
+            raise
+        logging.error("%s", e)  # a message to the user (a config error): what to change
+        logging.flush()
+        sys.exit(1)
+
+
+# What this package raises to tell the user what to change, said without a traceback. A
+# bug's errors (KeyError, TypeError, AttributeError...) keep theirs.
+TOLD = (ValueError, OSError, RuntimeError, ImportError, NotImplementedError,
+        FloatingPointError)
+_OWN = tuple(os.path.dirname(os.path.abspath(p.__file__)) + os.sep for p in (trainer, tasks))
+
+
+def raised_here(error):
+    """Whether `error` was raised by this package's own code, not inside a library."""
+    frame = error.__traceback__
+    while frame.tb_next:
+        frame = frame.tb_next
+    return os.path.abspath(frame.tb_frame.f_code.co_filename).startswith(_OWN)
 
 
 def execute(config, workdir, mode):

@@ -13,6 +13,7 @@ import os
 import tensorflow as tf
 from absl import logging
 
+from trainer.runtime.settings import check_number
 from trainer.state.checkpoint_state import listed_checkpoints, number
 from trainer.state.workdir import read_json
 
@@ -21,6 +22,9 @@ STATE = "continuous_eval.json"
 
 def check(trainer):
     """Fails on a run config a continuous evaluator cannot serve, naming the fix."""
+    check_number(trainer.config.eval.timeout_seconds, "eval.timeout_seconds", "seconds "
+                 "--mode=continuous_eval waits for a new checkpoint before it ends",
+                 positive=True)
     if trainer.config.trainer.early_stop_patience:
         raise ValueError(
             "--mode=continuous_eval cannot stop the training run, so early stopping needs "

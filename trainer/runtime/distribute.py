@@ -8,6 +8,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer.runtime.open_ports import port_of, warn_open_ports
+from trainer.runtime.settings import check_number
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 CLUSTERS = ("tf_config", "slurm")
@@ -42,6 +43,9 @@ def build_strategy(config):
         if config.get(field, "auto" if field == "all_reduce" else "float32") not in known:
             raise ValueError(f"config.distribution.{field}={config[field]!r} is unknown; "
                              f"choose one of {tuple(known)}.")
+    check_number(config.collective_timeout_seconds, "distribution.collective_timeout_seconds",
+                 "seconds a worker waits on a silent peer before failing; without a bound "
+                 "a lost worker would hang the job forever", positive=True)
     if config.cluster not in CLUSTERS:
         raise ValueError(f"config.distribution.cluster={config.cluster!r} is unknown; "
                          f"choose one of {CLUSTERS}.")
@@ -76,7 +80,7 @@ def _make_strategy(config):
         # Made before anything initializes the TF runtime (collectives need that).
         # A bounded wait on every collective: a dead peer becomes an error, not a hang.
         options = tf.distribute.experimental.CommunicationOptions(
-            timeout_seconds=config.collective_timeout_seconds or None,
+            timeout_seconds=config.collective_timeout_seconds,
             implementation=ALL_REDUCE[config.get("all_reduce", "auto")],
             bytes_per_pack=config.get("bytes_per_pack", 0))
         return tf.distribute.MultiWorkerMirroredStrategy(

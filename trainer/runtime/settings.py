@@ -46,6 +46,15 @@ def synchronizing_layers(layers):
     return [layer.path for layer in layers if getattr(layer, "synchronized", False) is True]
 
 
+def check_number(value, field, meaning, positive=False):
+    """Fails unless `value` (config field `field`) is a number >= 0, or > 0 with
+    `positive`; `meaning` says what it sets, in the error."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            value > 0 if positive else value >= 0):
+        raise ValueError(f"{field}={value!r} must be a number {'>' if positive else '>='} 0 "
+                         f"({meaning}); set --config.{field}.")
+
+
 def check_trainer_config(tc):
     """Fails on `config.trainer` values the loop cannot honour, naming the fix."""
     for name in ("train_steps", "steps_per_loop", "log_every", "checkpoint_every",
@@ -56,6 +65,10 @@ def check_trainer_config(tc):
                 f"trainer.{name}={value!r} must be an integer >= {minimum}"
                 + (" (0: off)." if name == "consistency_every" else
                    " (0: only at the end of training)." if name.endswith("_every") else "."))
+    steps = tc.max_nonfinite_steps
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ValueError(f"trainer.max_nonfinite_steps={steps!r} must be an integer >= 0 (0: "
+                         "100 with float16 loss scaling, else 1).")
     if not isinstance(tc.max_seconds, (int, float)) or tc.max_seconds < 0:
         raise ValueError(f"trainer.max_seconds={tc.max_seconds!r} must be a number >= 0 "
                          "(0: no time budget).")

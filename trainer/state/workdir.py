@@ -7,8 +7,10 @@ TensorFlow supports (a local path, `gs://...`, `ram://...` in tests).
 
 import errno
 import fcntl
+import glob
 import json
 import os
+import re
 import socket
 import time
 
@@ -41,6 +43,52 @@ def check_workdir(workdir):
     if is_local(workdir) and not os.access(workdir, os.W_OK | os.X_OK):
         raise PermissionError(f"--workdir={workdir} is not writable; choose a writable "
                               "--workdir or fix its permissions.")
+
+
+# Files a run writes, at each depth it writes them: a data glob that matches one of them
+# would read the run's own files as data.
+_RUN_FILES = ("summary.json", "checkpoints/ckpt-1.index", "train/events.out.tfevents.1.host",
+              "export/1/variables/variables.index", "export/1/assets.extra/export.json")
+
+
+def check_outside_data(workdir, data_paths):
+    """Refuses a local `workdir` inside a data folder of `data_paths`, or whose files a
+    data glob of them would match (`**` included)."""
+    if not is_local(workdir):
+        return
+    root = os.path.abspath(workdir)
+    for path in data_paths:
+        if "://" in path:
+            continue
+        path = os.path.abspath(os.path.expanduser(path))
+        if glob.has_magic(path):
+            pattern = _glob_regex(path)
+            hit = next((os.path.join(root, f) for f in _RUN_FILES
+                        if pattern.fullmatch(os.path.join(root, f))), None)
+        else:
+            hit = root if root == path or root.startswith(path + os.sep) else None
+        if hit:
+            raise ValueError(
+                f"--workdir={workdir} is inside the data ({path}): the run's own files "
+                f"({hit}) would be read as data, and the data would change between "
+                "launches. Choose a --workdir outside it.")
+
+
+def _glob_regex(pattern):
+    """A regex of what glob.glob(pattern, recursive=True) matches."""
+    regex = ""
+    for part in re.split(r"(\*\*/|\*\*|\*|\?|\[[^\]/]+\])", pattern):
+        if part == "**/":
+            regex += "(?:.*/)?"
+        elif part in ("**", "*"):
+            regex += ".*" if part == "**" else "[^/]*"
+        elif part == "?":
+            regex += "[^/]"
+        elif part.startswith("[") and len(part) > 2:
+            regex += "[^" + part[2:] if part[1] == "!" else part
+        else:
+            regex += re.escape(part)
+    return re.compile(regex)
 
 
 def check_readable_workdir(workdir, mode):

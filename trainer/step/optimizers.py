@@ -4,6 +4,7 @@ import keras
 from absl import logging
 
 from trainer.runtime.defaults import WEIGHT_DECAY_EXCLUDE
+from trainer.runtime.settings import check_number
 from trainer.state.layout import matching
 from trainer.step.ema import check_ema_decay
 
@@ -26,13 +27,16 @@ def build_learning_rate(config, train_steps, step=None):
     if config.schedule not in SCHEDULES:
         raise ValueError(f"config.optimizer.schedule={config.schedule!r} is unknown; "
                          f"choose one of {SCHEDULES}.")
+    check_number(config.learning_rate, "optimizer.learning_rate", "the schedule's peak rate")
     if config.schedule == "constant":
         rate = float(config.learning_rate)
         return rate if step is None else lambda: rate
     warmup = int(config.warmup_steps)
     if not 0 <= warmup < train_steps:
-        raise ValueError(f"config.optimizer.warmup_steps={warmup} must be in "
-                         f"[0, trainer.train_steps={train_steps}).")
+        raise ValueError(f"optimizer.warmup_steps={warmup} must be in [0, trainer.train_steps="
+                         f"{train_steps}): for a run this short, set "
+                         f"--config.optimizer.warmup_steps={train_steps // 10} (a tenth of "
+                         "it), or train longer.")
     schedule = keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0 if warmup else config.learning_rate,
         decay_steps=train_steps - warmup,
@@ -63,6 +67,7 @@ def build_optimizer(config, train_steps, step=None, trained=None):
     reduced gradients (Keras' clipnorm would clip each replica's local
     gradients). `ema_decay` > 0 turns on Keras' EMA of the weights. AdamW
     does not decay the variables `weight_decay_exclude` matches."""
+    check_number(config.clip_norm, "optimizer.clip_norm", "0: no clipping")
     optimizer = _keras_optimizer(config, build_learning_rate(config, train_steps, step))
     if trained is not None:
         if config.name == "adamw":
