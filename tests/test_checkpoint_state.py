@@ -93,10 +93,18 @@ def test_a_state_file_that_never_reads_resumes_from_the_files(trained, tmp_path,
 
     monkeypatch.setattr(checkpoint_state, "_read", broken)
     monkeypatch.setattr(checkpoint_state, "RETRY_SECONDS", 0.0)
-    relaunch = build(tiny_config(**CONFIG), tmp_path)
-    assert relaunch.restore().endswith("ckpt-20") and int(relaunch.step.numpy()) == 20
+    caplog.set_level("INFO")
+    before = _digests(tmp_path / "checkpoints")
+    relaunch = build(tiny_config(**{**CONFIG, "trainer.train_steps": 30}), tmp_path)
+    relaunch.train(evaluate=False)
     assert any("cannot be read after 4 attempts (connection reset)" in r.getMessage()
                for r in caplog.records)
+    assert any("Restored" in r.getMessage() and "ckpt-20 (step 20)" in r.getMessage()
+               for r in caplog.records)
+    assert int(relaunch.step.numpy()) == 30
+    assert checkpoint_steps(tmp_path / "checkpoints") == [10, 20, 30]
+    after = _digests(tmp_path / "checkpoints")
+    assert {n: after[n] for n in before} == before
 
 
 @pytest.mark.xdist_group("checkpoint_state")

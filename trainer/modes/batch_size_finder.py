@@ -5,7 +5,8 @@ fails, then a binary search between the last batch that ran and the first that
 did not, over multiples of `multiple_of` and of the replicas. A trial builds
 the Trainer at that batch and runs `steps_per_trial` compiled steps. It fails
 on `tf.errors.ResourceExhaustedError` (out of memory on a GPU or TPU), when the
-peak of TensorFlow's allocator on any replica's device passes
+peak of TensorFlow's allocator on any replica's device (on a CPU, whose allocator
+keeps no statistics, the process's peak resident memory) passes
 `memory_budget_gb`, or when the data set is smaller than the batch. On a CPU an
 allocation fails only when the whole machine runs out (the kernel then kills the
 process, and others with it), so there a budget of 0 means half the memory
@@ -142,12 +143,11 @@ def _trial(config, strategy, workdir, make_task, batch, budget_gb):
     try:
         keras.utils.set_random_seed(c.seed)
         trainer = Trainer(c, make_task(c), strategy, workdir)
-        for device in devices:
-            tf.config.experimental.reset_memory_stats(device)
+        _reset_peak(devices)
         iterator = iter(trainer.distributed_dataset("train"))
         trainer.train_loop(iterator, tf.constant(f.steps_per_trial, tf.int64))
         trainer.step.numpy()  # waits for the steps
-        peak = max(tf.config.experimental.get_memory_info(d)["peak"] for d in devices)
+        peak = _peak(devices)
         result["peak_bytes"] = peak
         if budget_gb and peak > budget_gb * 2**30:
             result["reason"] = (f"peak memory {peak / 2**30:.3g} GB > find_batch_size."
@@ -165,6 +165,28 @@ def _trial(config, strategy, workdir, make_task, batch, budget_gb):
         keras.backend.clear_session()  # free the trial's model and traces
         gc.collect()
     return result
+
+
+def _reset_peak(devices):
+    """Starts a trial's peak: TensorFlow's allocator's on GPUs and TPUs. A CPU's keeps
+    none (tf.config.experimental.get_memory_info serves GPUs and TPUs only), so there
+    the process's peak resident memory (Linux: VmHWM, reset through clear_refs), which
+    is what the kernel kills the process for."""
+    if all(d.startswith("CPU") for d in devices):
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # the peak resident set size := the current one
+    else:
+        for device in devices:
+            tf.config.experimental.reset_memory_stats(device)
+
+
+def _peak(devices):
+    """The peak bytes since `_reset_peak(devices)`."""
+    if all(d.startswith("CPU") for d in devices):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f
+                        if line.startswith("VmHWM:"))
+    return max(tf.config.experimental.get_memory_info(d)["peak"] for d in devices)
 
 
 def _replica_devices(strategy):
