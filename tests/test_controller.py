@@ -16,7 +16,7 @@ from trainer import cli
 from trainer.assemble import controller as Controller
 from trainer.loop.actions import Action
 from trainer.loop import jit_choice
-from trainer.state.workdir import LOCK_NAME, WorkdirLock
+from trainer.state.workdir_lock import LOCK_NAME, WorkdirLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

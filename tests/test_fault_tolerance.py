@@ -17,7 +17,8 @@ import tasks
 from conftest import build, checkpoint_steps, kill_relaunch_and_compare, tiny_config, two_replicas
 from trainer import Trainer
 from trainer.state.checkpoints import IncompatibleCheckpointError
-from trainer.state.workdir import WorkdirLock, check_workdir
+from trainer.state.workdir import check_workdir
+from trainer.state.workdir_lock import WorkdirLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

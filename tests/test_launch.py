@@ -181,7 +181,7 @@ def test_a_file_beside_the_config_never_shadows_a_standard_module(tmp_path):
 
 
 def test_second_launch_on_a_busy_workdir_is_refused(tmp_path):
-    from trainer.state.workdir import WorkdirLock
+    from trainer.state.workdir_lock import WorkdirLock
     with WorkdirLock(str(tmp_path)):
         run = launch(tmp_path, *TINY, "--config.trainer.train_steps=4")
     assert run.returncode != 0

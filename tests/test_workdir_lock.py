@@ -12,14 +12,17 @@ import time
 import pytest
 
 from trainer.state import lease_lock
-from trainer.state.workdir import WorkdirLock, lock_holder
+from trainer.state.workdir_lock import WorkdirLock, lock_holder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A process that takes the lock of argv[1], says so on stdout and holds it (argv[2] s).
+# The module is loaded from its file, without the trainer package's TensorFlow imports.
 HOLDER = textwrap.dedent("""
-    import sys, time
-    sys.path.insert(0, %r)
-    from trainer.state.workdir import WorkdirLock
+    import importlib.util, sys, time
+    spec = importlib.util.spec_from_file_location("workdir_lock", %r)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    WorkdirLock = module.WorkdirLock
     try:
         lock = WorkdirLock(sys.argv[1]).acquire()
     except RuntimeError as e:
@@ -28,7 +31,7 @@ HOLDER = textwrap.dedent("""
     print("locked", flush=True)
     time.sleep(float(sys.argv[2]))
     lock.release()
-""") % ROOT
+""") % os.path.join(ROOT, "trainer", "state", "workdir_lock.py")
 
 
 def _unshare_works():

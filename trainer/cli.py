@@ -19,8 +19,8 @@ from trainer.loop import startup
 from trainer.loop.consistency import ReplicasDiverged
 from trainer.loop.signals import DiskFull, Preempted
 from trainer.runtime.distribute import build_strategy, is_chief
-from trainer.state.workdir import (EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, check_readable_workdir,
-                                   check_workdir, lock_holder)
+from trainer.state.workdir import check_readable_workdir, check_workdir
+from trainer.state.workdir_lock import EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, lock_holder
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (a get_config() module).",
