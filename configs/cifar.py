@@ -26,8 +26,9 @@ def get_config():
                                                diverge=4.0))
     # --mode=find_batch_size: doubling from `start` (0: data.global_batch_size), then a
     # binary search over multiples of `multiple_of`; a trial runs `steps_per_trial` steps
-    # and fails out of memory or past memory_budget_gb of allocator peak (0: none on a
-    # GPU or TPU; on a CPU, which has no out-of-memory error, half the memory available).
+    # and fails out of memory or past memory_budget_gb of allocator peak (a CPU's: the
+    # process's peak memory growth; 0: none on a GPU or TPU; on a CPU, which has no
+    # out-of-memory error, half the memory available).
     c.find_batch_size = ml_collections.ConfigDict(dict(
         start=0, max_trials=12, steps_per_trial=2, multiple_of=8, memory_budget_gb=0.0))
 

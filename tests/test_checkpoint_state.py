@@ -1,6 +1,7 @@
 """A missing, damaged or unreadable checkpoint state file never restarts a run at step 0."""
 
 import hashlib
+import itertools
 import os
 import shutil
 
@@ -8,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import build, checkpoint_steps, tiny_config
+from trainer.modes import evaluator
 from trainer.state import checkpoint_state
 
 CONFIG = {"trainer.train_steps": 20, "trainer.checkpoint_every": 10,
@@ -32,6 +34,10 @@ def _damage(state):
     state.write_text("model_checkpoint_path: \"ckpt-20\"\nall_model_che\x00\x17 garbage {")
 
 
+def _not_text(state):
+    state.write_bytes(b"\xff\xfe\x00model_checkpoint_path" + bytes(range(128, 256)))
+
+
 def _delete(state):
     state.unlink()
 
@@ -41,7 +47,7 @@ def _empty(state):
 
 
 @pytest.mark.xdist_group("checkpoint_state")
-@pytest.mark.parametrize("harm", [_damage, _delete, _empty])
+@pytest.mark.parametrize("harm", [_damage, _not_text, _delete, _empty])
 def test_a_relaunch_over_a_harmed_state_file_continues_from_the_newest(trained, tmp_path,
                                                                          harm, caplog):
     caplog.set_level("INFO")
@@ -116,3 +122,11 @@ def test_a_save_never_replaces_a_readable_checkpoint_of_its_number(trained, tmp_
     with pytest.raises(RuntimeError, match=r"Refusing to save .*ckpt-10: a readable"):
         fresh.checkpoints.save()
     assert _digests(tmp_path / "checkpoints") == before
+
+
+@pytest.mark.xdist_group("checkpoint_state")
+def test_a_continuous_evaluator_sees_checkpoints_past_a_damaged_state_file(trained, tmp_path):
+    shutil.copytree(trained, tmp_path, dirs_exist_ok=True)
+    _damage(tmp_path / "checkpoints" / "checkpoint")
+    seen = itertools.islice(evaluator._new_checkpoints(str(tmp_path / "checkpoints"), 5.0), 1)
+    assert [os.path.basename(p) for p in seen] == ["ckpt-20"]

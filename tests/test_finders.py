@@ -93,7 +93,7 @@ def test_find_batch_size_doubles_then_bisects_to_the_largest_that_fits(tmp_path,
     assert tried == [(32, True), (64, True), (128, False), (96, True), (112, False),
                      (104, False)]
     assert "out of memory" in report["trials"][2]["reason"]
-    assert report["trials"][0]["peak_bytes"] > 0  # the allocator's peak, measured
+    assert report["trials"][0]["peak_bytes"] > 0  # the trial's peak (a CPU: its RSS), measured
     assert (report["largest"], report["first_failing"]) == (96, 104)
     assert "--config.data.global_batch_size=96" in capsys.readouterr().out
     assert json.load(open(tmp_path / "find_batch_size.json")) == report

@@ -1,6 +1,7 @@
 """The workdir lock: a live run is never taken over, a dead one never blocks, in PID
 namespaces (containers, Kubernetes pods) too, and on filesystems without OS locks."""
 
+import errno
 import os
 import shutil
 import signal
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from trainer.state import lease_lock
+from trainer.state import lease_lock, workdir_lock
 from trainer.state.workdir_lock import WorkdirLock, lock_holder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -142,3 +143,17 @@ def test_a_lease_no_one_renews_is_taken_over_once_it_expires(quick_leases, caplo
         assert lock.held
     assert any("unchanged for 2 s, so its run is gone" in r.getMessage()
                for r in caplog.records)
+
+
+def test_a_local_filesystem_without_flock_takes_a_lease_at_once(tmp_path, quick_leases,
+                                                                 monkeypatch, caplog):
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(workdir_lock.fcntl, "flock", no_locks)
+    with WorkdirLock(str(tmp_path), mode="train") as lock:
+        assert lock.held and "token" in (tmp_path / ".lock").read_text()  # the lease's
+    assert not (tmp_path / ".lock").exists()
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "has no OS locks" in messages
+    assert "Taking over" not in messages  # (its own empty file was never watched)

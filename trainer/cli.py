@@ -7,6 +7,7 @@ which builds what the mode needs. Any config field can be overridden, e.g.
 
 import os
 import sys
+import traceback
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -20,7 +21,8 @@ from trainer.loop.consistency import ReplicasDiverged
 from trainer.loop.signals import DiskFull, Preempted
 from trainer.runtime.distribute import build_strategy, is_chief
 from trainer.state.workdir import check_readable_workdir, check_workdir
-from trainer.state.workdir_lock import EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, lock_holder
+from trainer.state.workdir_lock import (EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, is_local,
+                                        lock_holder)
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (a get_config() module).",
@@ -75,6 +77,7 @@ def main(argv):
     except TOLD as e:
         if not raised_here(e):  # inside a library or user code: its traceback helps
             raise
+        logging.debug("%s", "".join(traceback.format_exception(e)))  # (--verbosity=1)
         logging.error("%s", e)  # a message to the user (a config error): what to change
         logging.flush()
         sys.exit(1)
@@ -126,7 +129,10 @@ def _refuse_two_evaluators(workdir, mode):
             f"--mode={mode}: pid {owner.get('pid')} on {owner.get('host')} already evaluates "
             f"{workdir} (--mode={owner.get('mode')}); two evaluators would both write eval/ "
             "and best/. Train with --mode=train next to a --mode=continuous_eval process, "
-            "or use --mode=train_and_eval alone.")
+            "or use --mode=train_and_eval alone."
+            + ("" if is_local(workdir) else " (On this store a lock is a lease, whose "
+               f"holder this check cannot see alive: if that process is gone, delete "
+               f"{os.path.join(workdir, other)}.)"))
 
 
 def entry():

@@ -6,7 +6,7 @@ did not, over multiples of `multiple_of` and of the replicas. A trial builds
 the Trainer at that batch and runs `steps_per_trial` compiled steps. It fails
 on `tf.errors.ResourceExhaustedError` (out of memory on a GPU or TPU), when the
 peak of TensorFlow's allocator on any replica's device (on a CPU, whose allocator
-keeps no statistics, the process's peak resident memory) passes
+keeps no statistics, the growth of the process's peak resident memory) passes
 `memory_budget_gb`, or when the data set is smaller than the batch. On a CPU an
 allocation fails only when the whole machine runs out (the kernel then kills the
 process, and others with it), so there a budget of 0 means half the memory
@@ -143,11 +143,11 @@ def _trial(config, strategy, workdir, make_task, batch, budget_gb):
     try:
         keras.utils.set_random_seed(c.seed)
         trainer = Trainer(c, make_task(c), strategy, workdir)
-        _reset_peak(devices)
+        start = _reset_peak(devices)
         iterator = iter(trainer.distributed_dataset("train"))
         trainer.train_loop(iterator, tf.constant(f.steps_per_trial, tf.int64))
         trainer.step.numpy()  # waits for the steps
-        peak = _peak(devices)
+        peak = _peak(devices, start)
         result["peak_bytes"] = peak
         if budget_gb and peak > budget_gb * 2**30:
             result["reason"] = (f"peak memory {peak / 2**30:.3g} GB > find_batch_size."
@@ -168,25 +168,35 @@ def _trial(config, strategy, workdir, make_task, batch, budget_gb):
 
 
 def _reset_peak(devices):
-    """Starts a trial's peak: TensorFlow's allocator's on GPUs and TPUs. A CPU's keeps
-    none (tf.config.experimental.get_memory_info serves GPUs and TPUs only), so there
-    the process's peak resident memory (Linux: VmHWM, reset through clear_refs), which
-    is what the kernel kills the process for."""
-    if all(d.startswith("CPU") for d in devices):
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # the peak resident set size := the current one
-    else:
+    """Starts a trial's peak (see `_peak`); returns the process's resident bytes then."""
+    if not all(d.startswith("CPU") for d in devices):
         for device in devices:
             tf.config.experimental.reset_memory_stats(device)
+        return 0
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # the peak resident set size := the current one
+    except OSError as e:
+        raise RuntimeError(
+            f"find_batch_size on a CPU measures the process's peak memory through /proc "
+            f"(Linux), which is not usable here ({e}); run it where it is, or on the "
+            "accelerator.") from e
+    return _status_bytes("VmRSS")
 
 
-def _peak(devices):
-    """The peak bytes since `_reset_peak(devices)`."""
+def _peak(devices, start):
+    """The bytes a trial added at its peak: TensorFlow's allocator's peak on GPUs and
+    TPUs. A CPU's allocator keeps no statistics (get_memory_info serves GPUs and TPUs
+    only), so there the process's peak resident memory (VmHWM) beyond what it held at
+    the start (`start`), which is what the kernel kills the process for."""
     if all(d.startswith("CPU") for d in devices):
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f
-                        if line.startswith("VmHWM:"))
+        return max(_status_bytes("VmHWM") - start, 0)
     return max(tf.config.experimental.get_memory_info(d)["peak"] for d in devices)
+
+
+def _status_bytes(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
 
 
 def _replica_devices(strategy):

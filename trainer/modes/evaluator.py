@@ -9,15 +9,17 @@ evaluation.
 """
 
 import os
+import time
 
 import tensorflow as tf
 from absl import logging
 
 from trainer.runtime.settings import check_number
-from trainer.state.checkpoint_state import listed_checkpoints, number
+from trainer.state.checkpoint_state import latest_checkpoint, listed_checkpoints, number
 from trainer.state.workdir import read_json
 
 STATE = "continuous_eval.json"
+POLL_SECONDS = 1.0  # as tf.train.checkpoints_iterator
 
 
 def check(trainer):
@@ -60,7 +62,7 @@ def continuous_eval(controller, evaluate, best, summary):
     logging.info("Watching %s for checkpoints (%s; gives up after %s s without a new one).",
                  directory, f"evaluated up to step {last}" if last >= 0 else "none evaluated yet",
                  timeout)
-    for _ in tf.train.checkpoints_iterator(directory, timeout=timeout):
+    for _ in _new_checkpoints(directory, timeout):
         for step, path in _checkpoints_after(directory, last):
             try:
                 trainer.restore(path)
@@ -85,6 +87,21 @@ def continuous_eval(controller, evaluate, best, summary):
     logging.info("No new checkpoint in %s for %s s: done (last evaluated: step %d).",
                  directory, timeout, last)
     return controller.last_eval
+
+
+def _new_checkpoints(directory, timeout):
+    """Yields each time the newest checkpoint of `directory` changes, listed as a restore
+    lists them (tf.train.checkpoints_iterator reads only the state file, which a damage
+    would leave silent); returns after `timeout` seconds without a change."""
+    seen, deadline = None, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        latest = latest_checkpoint(directory)
+        if latest != seen:
+            seen = latest
+            yield latest
+            deadline = time.monotonic() + timeout
+        else:
+            time.sleep(POLL_SECONDS)
 
 
 def _final_step(trainer):

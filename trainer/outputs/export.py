@@ -25,7 +25,7 @@ from trainer.runtime.keras_internals import sublayers
 from trainer.runtime.precision import check_float32_layers
 from trainer.state.checkpoints import (IncompatibleCheckpointError, check_fits, make_checkpoint,
                                        read_error)
-from trainer.state.checkpoint_state import latest_checkpoint
+from trainer.state.checkpoint_state import listed_checkpoints
 from trainer.state.layout import optimizer_variables, saved_variables, variable_names
 from trainer.state.model_build import build_model
 from trainer.state.workdir import read_json
@@ -48,12 +48,17 @@ def choose_checkpoint(config, workdir):
         best = read_json(os.path.join(workdir, "best", "best.json"), "the best checkpoint")
         if best and best.get("checkpoint"):  # none yet: no evaluation was finite
             return best_lib.checkpoint_path(os.path.join(workdir, "best"), best)
-    latest = latest_checkpoint(os.path.join(workdir, "checkpoints"))
-    if not latest:
+    paths = listed_checkpoints(os.path.join(workdir, "checkpoints"))
+    if not paths:
         raise FileNotFoundError(
             f"Nothing to export: no checkpoint in {workdir}/checkpoints. Train first, or "
             "name one with --config.export.checkpoint=PATH/ckpt-N.")
-    return latest
+    for path in reversed(paths[1:]):  # the newest that reads, as a restore chooses
+        damage = read_error(path)
+        if damage is None:
+            return path
+        logging.warning("Checkpoint %s is unreadable (%s): the one before it.", path, damage)
+    return paths[0]  # (unreadable too: the export names what is wrong with it)
 
 
 def check_export(config, task):
@@ -98,7 +103,8 @@ def export(config, task, workdir, checkpoint=None, layer_policies=None):
         return directory
     if existing == metadata:  # this same export, cut short: written again in its place
         logging.warning("%s holds this export without its completion mark (%s): a copy "
-                        "cut short. Writing it again.", directory, COMPLETE)
+                        "cut short, or one written before the mark existed. Writing it "
+                        "again.", directory, COMPLETE)
     elif gfile.exists(directory):
         raise FileExistsError(
             f"{directory} holds another export of step {step} "

@@ -7,7 +7,7 @@ import shutil
 import tensorflow as tf
 from absl import logging
 
-from trainer.runtime.open_ports import port_of, warn_open_ports
+from trainer.runtime.open_ports import open_ports_message, port_of, warn_open_ports
 from trainer.runtime.settings import check_number
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
@@ -31,6 +31,10 @@ def _connect_tpu(address):
             f"No TPU found at {tried}: {reason}. Set --config.distribution.tpu to the TPU "
             "name or grpc:// address, or choose another "
             "--config.distribution.strategy (auto, default, mirrored).") from e
+    if address and address != "local":  # a TPU over the network: TF serves its client
+        logging.warning("%s", open_ports_message(
+            "Connecting to the TPU at a remote address started TensorFlow's gRPC server of "
+            "this client, which", ["(one TensorFlow picks)"]))
     return tf.distribute.TPUStrategy(resolver)
 
 

@@ -58,17 +58,16 @@ def check_number(value, field, meaning, positive=False):
 def check_trainer_config(tc):
     """Fails on `config.trainer` values the loop cannot honour, naming the fix."""
     for name in ("train_steps", "steps_per_loop", "log_every", "checkpoint_every",
-                 "eval_every", "early_stop_patience", "consistency_every"):
+                 "eval_every", "early_stop_patience", "consistency_every",
+                 "max_nonfinite_steps"):
         value, minimum = tc.get(name, 0), 1 if name in ("train_steps", "steps_per_loop") else 0
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             raise ValueError(
                 f"trainer.{name}={value!r} must be an integer >= {minimum}"
                 + (" (0: off)." if name == "consistency_every" else
-                   " (0: only at the end of training)." if name.endswith("_every") else "."))
-    steps = tc.max_nonfinite_steps
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-        raise ValueError(f"trainer.max_nonfinite_steps={steps!r} must be an integer >= 0 (0: "
-                         "100 with float16 loss scaling, else 1).")
+                   " (0: only at the end of training)." if name.endswith("_every") else
+                   " (0: 100 with float16 loss scaling, else 1)."
+                   if name == "max_nonfinite_steps" else "."))
     if not isinstance(tc.max_seconds, (int, float)) or tc.max_seconds < 0:
         raise ValueError(f"trainer.max_seconds={tc.max_seconds!r} must be a number >= 0 "
                          "(0: no time budget).")

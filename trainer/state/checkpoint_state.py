@@ -61,8 +61,8 @@ def read_state(directory):
 
 
 def _read(path):
-    with tf.io.gfile.GFile(path) as f:
-        return f.read()
+    with tf.io.gfile.GFile(path, "rb") as f:  # (bytes that are no UTF-8: a damaged file)
+        return f.read().decode("utf-8", errors="replace")
 
 
 def found_on_disk(directory):
@@ -83,18 +83,21 @@ def state_and_problem(directory):
     listed, problem = read_state(directory)
     found = found_on_disk(directory)
     unlisted = sorted(set(found) - set(listed), key=number)
-    if not problem and unlisted and number(unlisted[-1]) > max(map(number, listed), default=-1):
-        problem = f"it does not list {', '.join(map(os.path.basename, unlisted))}"
+    newer = not problem and unlisted and number(unlisted[-1]) > max(map(number, listed),
+                                                                    default=-1)
     paths = sorted(set(listed) | set(found), key=number)
-    if not found:  # nothing on disk: a new directory, or nothing left to lose
+    if not found or not (problem or newer):  # (no files: a new directory, nothing to lose)
         return paths, None
     if problem:
         problem = (f"The checkpoint state {os.path.join(directory, STATE_FILE)} is not usable: "
                    f"{problem}. Found from the files instead: "
                    f"{', '.join(os.path.basename(p) for p in paths)}.")
-        if (directory, problem) not in _told:
-            _told.add((directory, problem))
-            logging.warning("%s", problem)
+    else:  # a save whose files are complete but not yet named (a kill, or one under way)
+        problem = (f"{', '.join(map(os.path.basename, unlisted))}: complete, but not yet "
+                   f"named in {os.path.join(directory, STATE_FILE)}; listed from its files.")
+    if (directory, problem) not in _told:
+        _told.add((directory, problem))
+        logging.log(logging.WARNING if not newer else logging.INFO, "%s", problem)
     return paths, problem
 
 

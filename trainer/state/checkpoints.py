@@ -99,8 +99,9 @@ class Checkpoints:
     def _check_new_number(self, step):
         """A save of `step` where a readable ckpt-`step` exists would replace a checkpoint
         this run did not restore: never (an unreadable one is replaced, with a warning)."""
+        # Every worker decides alike (a save holds collectives; the directory is shared).
         prefix = os.path.join(self.directory, f"ckpt-{step}")
-        if not self.is_chief or not tf.io.gfile.exists(prefix + ".index"):
+        if not tf.io.gfile.exists(prefix + ".index"):
             return
         damage = read_error(prefix)
         if damage is None:

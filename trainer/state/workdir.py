@@ -11,8 +11,6 @@ import os
 import re
 
 import tensorflow as tf
-from absl import logging
-
 from trainer.state.workdir_lock import is_local
 
 

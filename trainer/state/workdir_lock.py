@@ -111,7 +111,10 @@ def _locked_file(path):
     """An open descriptor of `path` holding its exclusive flock; None when the file was
     removed or replaced before the lock was taken (try again); BlockingIOError while
     another process holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd, created = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+    except FileExistsError:
+        fd, created = os.open(path, os.O_RDWR), False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -120,6 +123,8 @@ def _locked_file(path):
     except OSError as e:
         os.close(fd)
         if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            if created:  # (the lease would take this empty file for a lock to watch)
+                os.unlink(path)
             raise _NoOsLock(e.errno, e.strerror) from e
         raise
     # The owner's release unlinks the file before it unlocks: a lock on a file no
