@@ -54,12 +54,16 @@ def declared_pixels(encoded):
             value = value * 256 + b[:, start + i]
         return value
 
-    png = number(16, 4, True) * number(20, 4, True)                  # IHDR width, height
-    gif = number(6, 2, False) * number(8, 2, False)                   # logical screen
+    def area(width, height):  # (each side at most 2^31: the product fits in int64)
+        return tf.minimum(width, 2**31) * tf.minimum(height, 2**31)
+
+    png = area(number(16, 4, True), number(20, 4, True))              # IHDR width, height
+    gif = area(number(6, 2, False), number(8, 2, False))              # logical screen
     height = number(22, 4, False)                                     # signed: < 0 top-down
     bmp = tf.where(number(14, 4, False) == 12,                        # OS/2 1.x header
-                   number(18, 2, False) * number(20, 2, False),
-                   number(18, 4, False) * tf.where(height >= 2**31, 2**32 - height, height))
+                   area(number(18, 2, False), number(20, 2, False)),
+                   area(number(18, 4, False),
+                        tf.where(height >= 2**31, 2**32 - height, height)))
     kind = [tf.strings.substr(encoded, 0, len(h)) == h for h in _HEADS]
     jpeg = tf.cond(tf.reduce_any(kind[1]), lambda: tf.map_fn(
         lambda e: tf.cond(tf.strings.substr(e, 0, 3) == _HEADS[1],

@@ -222,9 +222,11 @@ def test_the_pixels_an_image_declares_are_read_from_its_header():
              tf.io.encode_jpeg(rng.integers(0, 255, (12, 6, 3), np.uint8)).numpy(),
              encode(rng.integers(0, 255, (4, 9), np.uint8), "GIF"),
              encode(rng.integers(0, 255, (6, 3, 3), np.uint8), "BMP"),
-             png_declaring(100_000, 100_000), b"no image", b""]
+             png_declaring(100_000, 100_000), b"no image", b"",
+             struct.pack("<2sIHHIIii", b"BM", 0, 0, 0, 54, 40, 6, -3),  # top-down rows
+             png_declaring(2**32 - 1, 2**32 - 1)]  # (the product would pass int64)
     pixels = image_decode.declared_pixels(tf.constant(files)).numpy().tolist()
-    assert pixels == [35, 72, 36, 18, 10**10, 0, 0]
+    assert pixels == [35, 72, 36, 18, 10**10, 0, 0, 18, 2**62]
 
 
 def test_an_image_declaring_too_many_pixels_is_named_and_never_decoded(tmp_path, caplog):
