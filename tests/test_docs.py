@@ -76,3 +76,26 @@ def test_config_files_import_only_the_shared_defaults_of_the_trainer():
             imported = re.findall(r"^\s*(?:from|import) (trainer\S*)",
                                   open(os.path.join(configs, name)).read(), re.M)
             assert set(imported) <= {"trainer.runtime.defaults"}, (name, imported)
+
+
+def test_each_layer_of_trainer_imports_only_the_layers_below_it():
+    """BUILD.md's layers: runtime/, state/, step/, loop/, then outputs/ and modes/; a
+    module-level import of a higher layer is refused (a call inside a function, as
+    `Trainer.train`'s, is the documented exception)."""
+    import ast
+    order = {"runtime": 0, "state": 1, "step": 2, "loop": 3, "outputs": 4, "modes": 4,
+             "assemble": 5, "cli": 5}
+    upward = []
+    for folder in ("runtime", "state", "step", "loop", "outputs", "modes"):
+        for name in sorted(os.listdir(os.path.join(ROOT, "trainer", folder))):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(ROOT, "trainer", folder, name)
+            for node in ast.parse(open(path).read()).body:
+                modules = ([node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                           if isinstance(node, ast.ImportFrom) and node.module else
+                           [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                upward += [f"trainer/{folder}/{name}: {m}" for m in modules
+                           if m.startswith("trainer.")
+                           and order.get(m.split(".")[1], -1) > order[folder]]
+    assert not upward

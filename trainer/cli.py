@@ -16,7 +16,7 @@ import tasks
 import trainer
 
 from trainer.assemble import MODES, run
-from trainer.loop import startup
+from trainer.runtime import startup
 from trainer.loop.consistency import ReplicasDiverged
 from trainer.loop.signals import DiskFull, Preempted
 from trainer.runtime.distribute import build_strategy, is_chief

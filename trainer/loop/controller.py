@@ -17,7 +17,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer.loop import actions as actions_lib
-from trainer.loop import startup
+from trainer.runtime import startup
 from trainer.loop.divergence import check_finite
 from trainer.loop.goodput import Ledger, launch_start
 from trainer.loop.run_summary import write_start, write_summary

@@ -81,7 +81,7 @@ class Ledger:
     def start(self, launched, step, restore_seconds, seconds, phases=None):
         """The loop of the launch that started at `launched` (epoch seconds) is about to
         start at `step`; `seconds`: the Controller's running totals by kind; `phases`:
-        {phase: seconds} of the start (trainer/loop/startup.py)."""
+        {phase: seconds} of the start (trainer/runtime/startup.py)."""
         if self.is_chief and not self._ends_a_line():  # a kill cut the last event short:
             self._pending.append("\n")  # without this, the start would join its line
         self._append("start", process_start=round(launched, 4), step=step,

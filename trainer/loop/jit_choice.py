@@ -21,7 +21,7 @@ import time
 import tensorflow as tf
 from absl import logging
 
-from trainer.loop import startup
+from trainer.runtime import startup
 from trainer.loop.actions import Action
 from trainer.runtime import user_cache
 from trainer.runtime.host import cores, cpu_name

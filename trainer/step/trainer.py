@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer.loop import startup
+from trainer.runtime import startup
 from trainer.runtime.distribute import is_chief
 from trainer.runtime.keras_internals import apply_gradients_as_given
 from trainer.runtime.precision import (advise_shapes, check_float32_layers, layers_of, policy_name,
