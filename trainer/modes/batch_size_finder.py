@@ -28,6 +28,7 @@ from absl import logging
 
 from trainer.runtime.distribute import is_chief
 from trainer.runtime.host import available_memory_bytes
+from trainer.runtime.settings import check_number
 from trainer.state.workdir import ChiefFiles
 from trainer.step.trainer import Trainer
 
@@ -39,9 +40,8 @@ def check_find_batch_size(f):
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             raise ValueError(f"find_batch_size.{name}={value!r} must be an integer >= "
                              f"{minimum}.")
-    if f.memory_budget_gb < 0:
-        raise ValueError(f"find_batch_size.memory_budget_gb={f.memory_budget_gb!r} must be "
-                         ">= 0 (0: none on a GPU or TPU, half the available memory on a CPU).")
+    check_number(f.memory_budget_gb, "find_batch_size.memory_budget_gb",
+                 "0: none on a GPU or TPU, half the available memory on a CPU")
 
 
 def find_batch_size(config, strategy, workdir, make_task):

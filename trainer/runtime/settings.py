@@ -68,9 +68,7 @@ def check_trainer_config(tc):
                    " (0: only at the end of training)." if name.endswith("_every") else
                    " (0: 100 with float16 loss scaling, else 1)."
                    if name == "max_nonfinite_steps" else "."))
-    if not isinstance(tc.max_seconds, (int, float)) or tc.max_seconds < 0:
-        raise ValueError(f"trainer.max_seconds={tc.max_seconds!r} must be a number >= 0 "
-                         "(0: no time budget).")
+    check_number(tc.max_seconds, "trainer.max_seconds", "0: no time budget")
     if tc.best_mode not in ("max", "min"):
         raise ValueError(f"trainer.best_mode={tc.best_mode!r} must be 'max' or 'min'.")
     if tc.early_stop_patience and not tc.best_metric:
