@@ -16,7 +16,8 @@ import tensorflow as tf
 from absl import logging
 
 from trainer.runtime.settings import on_off_auto
-from trainer.state.checkpoint_state import latest_checkpoint, listed_checkpoints, repair_state
+from trainer.state.checkpoint_state import (found_on_disk, latest_checkpoint, listed_checkpoints,
+                                            number, repair_state)
 from trainer.state.layout import (LAYOUT_VERSION, SAVED_NODES, checkpoint_reader, differences,
                                   layout_variable, node, saved_variables)
 
@@ -57,6 +58,7 @@ class Checkpoints:
         self.checkpoint = make_checkpoint(named, **others)
         self.max_to_keep = max_to_keep
         self._manager = None  # built at the first save, after `prepare_for_writes`
+        self._before = None  # the numbers on disk before this process saved (`_check_new_number`)
         self.options = tf.train.CheckpointOptions(enable_async=async_save)
         self.saved_step = None  # the step of the newest checkpoint restored or saved
         self._writing = None  # the prefix of a save whose files may not be complete yet
@@ -97,11 +99,15 @@ class Checkpoints:
                 self._writing = None
 
     def _check_new_number(self, step):
-        """A save of `step` where a readable ckpt-`step` exists would replace a checkpoint
-        this run did not restore: never (an unreadable one is replaced, with a warning)."""
-        # Every worker decides alike (a save holds collectives; the directory is shared).
+        """A save of `step` where a readable ckpt-`step` was on disk before this run saved
+        would replace a checkpoint this run did not restore: never (an unreadable one is
+        replaced, with a warning). Every worker decides alike (a save holds collectives)
+        from what was on disk before any of them saved: the restore's listing, taken on
+        every worker before training, not the files the chief is writing meanwhile."""
+        if self._before is None:  # (no restore: a Checkpoints used on its own)
+            self._before = {number(p) for p in found_on_disk(self.directory)}
         prefix = os.path.join(self.directory, f"ckpt-{step}")
-        if not tf.io.gfile.exists(prefix + ".index"):
+        if step not in self._before or not tf.io.gfile.exists(prefix + ".index"):
             return
         damage = read_error(prefix)
         if damage is None:
@@ -176,6 +182,7 @@ class Checkpoints:
             paths = [path]
         else:
             paths = listed_checkpoints(self.directory)
+        self._before = {number(p) for p in found_on_disk(self.directory)}
         for remaining, path in reversed(list(enumerate(paths))):
             damage = None
             try:
