@@ -13,10 +13,10 @@ QUICK = ["--config.precision=float32", "--config.distribution.strategy=default",
          "--config.trainer.steps_per_loop=50", "--config.trainer.log_every=50"]
 
 
-def example_files(path):
+def example_files(*paths):
     """{file name: code} of the ```python blocks whose first line is `# <name>.py`."""
-    blocks = re.findall(r"```python\n# (\w+\.py)\n(.*?)```",
-                        open(os.path.join(ROOT, path)).read(), re.S)
+    blocks = [block for path in paths for block in re.findall(
+        r"```python\n# (\w+\.py)\n(.*?)```", open(os.path.join(ROOT, path)).read(), re.S)]
     return dict(blocks)
 
 
@@ -28,7 +28,7 @@ def final_summary(log):
 def run_example(tmp_path, command):
     project = tmp_path / "my_project"  # outside the repository
     project.mkdir()
-    files = example_files("BUILD.md")
+    files = example_files("docs/add_a_task.md", "docs/add_an_action.md")
     assert set(files) == {"stop_at_accuracy.py", "sign_of_sum.py", "config.py"}
     for name, code in files.items():
         (project / name).write_text(code)
