@@ -37,7 +37,7 @@ def build(mode, workdir):
 
     import configs.cifar
     import configs.lm
-    import tasks
+    from trainer.task import get_task
     from trainer import Trainer
     from trainer.runtime.precision import set_policy
     config = (configs.lm if FLAGS.config == "lm" else configs.cifar).get_config()
@@ -50,7 +50,7 @@ def build(mode, workdir):
     strategy = tf.distribute.get_strategy()
     set_policy(config.precision, strategy)
     keras.utils.set_random_seed(config.seed)
-    return Trainer(config, tasks.get_task(config), strategy, workdir)
+    return Trainer(config, get_task(config), strategy, workdir)
 
 
 def main(argv):

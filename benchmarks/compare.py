@@ -49,7 +49,7 @@ def make_config():
     if FLAGS.task == "cifar10":
         config.model.name = FLAGS.model
     if FLAGS.task != "lm":  # synthetic images, written and read back in CIFAR's real format
-        from tasks import cifar10_data
+        from trainer.data.images import cifar10 as cifar10_data
         folder = os.path.join(FLAGS.out, "cifar_files", cifar10_data.FOLDER)
         cifar10_data.write_folder(cifar10_data.synthetic(4096, 64), folder)
         config.data.update(source="cifar10", data_dir=os.path.dirname(folder))
@@ -204,11 +204,11 @@ def summarize(c, batch, tokens_per_example):
 
 def run_precision(precision, config, strategy, workdir):
     import keras
-    import tasks
+    from trainer.task import get_task
     from trainer.runtime.precision import set_policy
     set_policy(precision, strategy)
     keras.utils.set_random_seed(config.seed)
-    task = tasks.get_task(config)
+    task = get_task(config)
     batches = in_memory_batches(task, strategy)
     memory_task = InMemoryTask(task, batches)
     spl = config.trainer.steps_per_loop
@@ -287,8 +287,8 @@ def run_all_sweeps(config, strategy, precisions, workdir, results, text):
     sweep_precision = precisions[-1] if precisions[-1] != "mixed_float16" else precisions[0]
     from trainer.runtime.precision import set_policy
     set_policy(sweep_precision, strategy)
-    import tasks
-    sweep, pipeline, features = run_sweeps(config, strategy, tasks.get_task(config), workdir)
+    from trainer.task import get_task
+    sweep, pipeline, features = run_sweeps(config, strategy, get_task(config), workdir)
     results["steps_per_loop"] = sweep
     results["input_pipeline"] = pipeline
     results["features"] = features

@@ -12,7 +12,7 @@ def fit_setup(config, steps_per_execution, mark=lambda phase: None):
     end."""
     import keras
     import tensorflow as tf
-    import tasks
+    from trainer.task import get_task
     from trainer.runtime.distribute import build_strategy
     from trainer.runtime.precision import set_policy
     from trainer.step.optimizers import build_optimizer
@@ -20,7 +20,7 @@ def fit_setup(config, steps_per_execution, mark=lambda phase: None):
     set_policy(config.precision, strategy)
     keras.utils.set_random_seed(config.seed)
     mark("strategy")
-    task = tasks.get_task(config)
+    task = get_task(config)
     context = tf.distribute.InputContext()
     train = task.build_inputs("train", context, 0)
     evaluation = task.build_inputs("eval", context, 0)

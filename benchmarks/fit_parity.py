@@ -35,7 +35,7 @@ BATCH = 512
 def generated(num_train, num_test, seed=0):
     """A CIFAR-shaped 10-class task that a small CNN learns to roughly 70-90%."""
     import numpy as np
-    from tasks import cifar10_data
+    from trainer.data.images import cifar10 as cifar10_data
     rng = np.random.default_rng(seed)
     coarse = rng.uniform(0, 255, size=(10, 8, 8, 3)).astype(np.float32)
     templates = coarse.repeat(4, axis=1).repeat(4, axis=2)
@@ -70,8 +70,8 @@ def run_pair(data_dir, data, seed, workdir):
     `data` holds the arrays of `data_dir`, for model.fit."""
     import keras
     import tensorflow as tf
-    import tasks
-    from tasks.cifar10 import seed_cnn
+    from trainer.task import get_task
+    from tasks.models.cnn import seed_cnn
     from trainer import Trainer
     from trainer.runtime.precision import set_policy
 
@@ -79,7 +79,7 @@ def run_pair(data_dir, data, seed, workdir):
     keras.utils.set_random_seed(seed)
     config = trainer_config(data_dir, seed, len(data.train_labels))
     set_policy(config.precision, strategy)
-    trainer = Trainer(config, tasks.get_task(config), strategy, workdir)
+    trainer = Trainer(config, get_task(config), strategy, workdir)
     initial = trainer.model.get_weights()
     trainer_accuracy = trainer.train()["accuracy"]
 
@@ -97,7 +97,7 @@ def run_pair(data_dir, data, seed, workdir):
 
 def main(argv):
     del argv
-    from tasks import cifar10_data
+    from trainer.data.images import cifar10 as cifar10_data
     os.makedirs(FLAGS.out, exist_ok=True)
     data_dir = FLAGS.data_dir
     if not data_dir:

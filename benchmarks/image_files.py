@@ -50,7 +50,7 @@ def make_images(n, seed=0):
 
 def write_data(root, n):
     """root/{folder/{train,eval}, tfrecord/{train,eval}-*, cifar/cifar-10-batches-py}."""
-    from tasks import cifar10_data
+    from trainer.data.images import cifar10 as cifar10_data
     done = os.path.join(root, f"done_{n}")  # written last: a complete set of n images
     if os.path.exists(done) and os.path.exists(os.path.join(root, MARK)):
         return root

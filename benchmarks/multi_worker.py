@@ -113,11 +113,11 @@ def traffic(model, option, workers):
 def gradient_bytes(model):
     """float32 bytes of the model's trainable variables (one gradient)."""
     import keras
-    import tasks
+    from trainer.task import get_task
     from configs import cifar
     c = cifar.get_config()
     c.model.name, c.data.source = model, "synthetic"
-    keras_model = tasks.get_task(c).build_model()
+    keras_model = get_task(c).build_model()
     keras_model(keras.ops.zeros((1, 32, 32, 3)))
     return 4 * sum(int(v.numpy().size) for v in keras_model.trainable_variables)
 

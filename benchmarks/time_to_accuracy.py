@@ -59,7 +59,7 @@ WORKLOADS = {
     "lm": dict(config="configs/lm.py", metric="bits_per_byte", target=2.4, mode="min",
                eval_every=100, overrides={
                    "trainer.train_steps": 1500,  # the schedule's length, not a stop
-                   "sample.summary_bytes": 0}),  # fit has no samples
+                   "sample.summary_tokens": 0}),  # fit has no samples
     "cnn": dict(config="configs/cifar.py", metric="accuracy", target=0.90, mode="max",
                 eval_every=10, overrides={"data.source": "cifar10", "trainer.train_steps": 300}),
     "digits": dict(config="configs/cifar.py", metric="accuracy", target=0.94, mode="max",
@@ -74,7 +74,7 @@ def write_digits(folder):
     of 0-16 scaled to 0-255 and enlarged 4x to 32x32, grey on three channels."""
     import numpy as np
     from sklearn.datasets import load_digits
-    from tasks import cifar10_data
+    from trainer.data.images import cifar10 as cifar10_data
     digits = load_digits()
     images = (digits.images * (255 / 16)).round().astype(np.uint8)
     images = images.repeat(4, axis=1).repeat(4, axis=2)[..., None].repeat(3, axis=3)

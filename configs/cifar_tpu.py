@@ -3,17 +3,15 @@
 python launch.py --config=configs/cifar_tpu.py --config.distribution.tpu=NAME --workdir=gs://...
 """
 
-from configs import cifar
+from configs import cifar, cifar_resnet
 
 
 def get_config():
-    c = cifar.get_config()
+    c = cifar_resnet.get_config()
     c.distribution.strategy = "tpu"
     c.precision = "mixed_bfloat16"
-    c.model.name = "resnet"
-    c.data.update(augment=True, normalization="standardize")
     c.data.global_batch_size = 1024
-    c.optimizer.update(name="sgd", learning_rate=0.4, schedule="cosine", warmup_steps=200)
-    c.trainer.update(train_steps=30 * cifar.TRAIN_EXAMPLES // 1024, steps_per_loop=100,
-                     log_every=100, eval_every=500, checkpoint_every=500, jit_compile="on")
+    c.optimizer.learning_rate = 0.4
+    c.trainer.update(train_steps=30 * cifar.TRAIN_EXAMPLES // 1024, eval_every=500,
+                     checkpoint_every=500, jit_compile="on")
     return c

@@ -1,94 +1,28 @@
-"""Byte-level decoder-only language model: bytes are tokens, no tokenizer to download."""
+"""Byte-level language modeling: bytes are tokens, so there is no tokenizer to download.
+The model is tasks/models/decoder.py; the corpus, trainer/data/text.py."""
 
-import glob
 import math
-import os
-import sysconfig
 
 import keras
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tasks import base, register
-from tasks.input_order import step_indexed_batches
-from tasks.transformer import Block, blocks_train_flops
+from tasks.models.decoder import DecoderLM
+from tasks.models.transformer import blocks_train_flops
+from trainer.data.order import step_indexed_batches
+from trainer.data.text import read_corpus
+from trainer.task import Task, register
 
-VOCAB = 256
-
-
-def corpus_files(pattern):
-    """`stdlib` = the running Python's standard library .py files (present offline),
-    without the third-party packages installed beneath it. A local pattern may use
-    `**`; a remote one (gs://...) is matched by tf.io.gfile.glob, which has no `**`."""
-    stdlib = pattern == "stdlib"
-    if stdlib:
-        pattern = os.path.join(sysconfig.get_paths()["stdlib"], "**", "*.py")
-    if "://" in pattern:
-        matches = [f for f in tf.io.gfile.glob(pattern) if not tf.io.gfile.isdir(f)]
-    else:
-        matches = [f for f in glob.glob(os.path.expanduser(pattern), recursive=True)
-                   if os.path.isfile(f)]
-    files = sorted(f for f in matches if not (stdlib and "-packages" + os.sep in f))
-    if not files:
-        raise FileNotFoundError(f"data.files={pattern!r} matches no files; point "
-                                "--config.data.files at a glob of text files.")
-    return files
+VOCAB = 256  # one token per byte value
 
 
-def read_corpus(pattern, max_bytes=0):
-    """All matching files' bytes, concatenated in sorted path order."""
-    chunks, total = [], 0
-    for path in corpus_files(pattern):
-        try:
-            with tf.io.gfile.GFile(path, "rb") as f:
-                chunk = f.read()
-        except (OSError, tf.errors.OpError) as e:
-            raise OSError(f"Cannot read {path} (matched by data.files={pattern!r}): {e}") from e
-        chunks.append(chunk)
-        total += len(chunk)
-        if max_bytes and total >= max_bytes:
-            break
-    data = b"".join(chunks)
-    return data[:max_bytes] if max_bytes else data
-
-
-class ByteLM(keras.Model):
-    """Embeddings + learned positions -> causal Blocks -> LayerNorm -> float32 logits."""
-
-    def __init__(self, seq_len, num_layers, d_model, num_heads, mlp_dim, dropout=0.0,
-                 tie_embeddings=True, remat=False, **kwargs):
-        super().__init__(**kwargs)
-        self.seq_len, self.tie_embeddings = seq_len, tie_embeddings
-        self.embed = keras.layers.Embedding(VOCAB, d_model)
-        self.positions = keras.layers.Embedding(seq_len, d_model)
-        self.dropout = keras.layers.Dropout(dropout)
-        self.blocks = [Block(d_model, num_heads, mlp_dim, dropout, causal=True, remat=remat)
-                       for _ in range(num_layers)]
-        self.ln = keras.layers.LayerNormalization(epsilon=1e-5)
-        self.head = None if tie_embeddings else keras.layers.Dense(VOCAB, use_bias=False)
-
-    def call(self, tokens, training=False):
-        length = tf.shape(tokens)[1]
-        x = self.embed(tokens)
-        x = x + tf.cast(self.positions(tf.range(length)), x.dtype)[tf.newaxis]
-        x = self.dropout(x, training=training)
-        for block in self.blocks:
-            x = block(x, training=training)
-        x = self.ln(x)
-        if self.tie_embeddings:
-            logits = tf.matmul(x, tf.cast(self.embed.embeddings, x.dtype), transpose_b=True)
-        else:
-            logits = self.head(x)
-        return tf.cast(logits, tf.float32)
-
-
-def per_byte_loss(labels, logits):
+def per_token_loss(labels, logits):
     return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
 
 @register("lm")
-class ByteLMTask(base.Task):
+class ByteLMTask(Task):
     """Next-byte prediction on a glob of text files."""
 
     def __init__(self, config):
@@ -128,8 +62,8 @@ class ByteLMTask(base.Task):
 
     def build_model(self):
         m = self.config.model
-        model = ByteLM(m.seq_len, m.num_layers, m.d_model, m.num_heads, m.mlp_dim, m.dropout,
-                       m.tie_embeddings, m.remat)
+        model = DecoderLM(VOCAB, m.seq_len, m.num_layers, m.d_model, m.num_heads, m.mlp_dim,
+                          m.dropout, m.tie_embeddings, m.remat)
         model(tf.zeros((1, m.seq_len), tf.int32))
         return model
 
@@ -167,12 +101,7 @@ class ByteLMTask(base.Task):
 
     def eval_sample(self, model):
         s = self.config.sample
-        if not s.summary_bytes:
-            return None
-        prompt = s.prompt.encode()
-        text = prompt + self.sample(model, prompt, s.summary_bytes, s.temperature, s.top_k,
-                                    s.seed)
-        return text.decode("utf-8", errors="replace")
+        return self.generate(model, num_tokens=s.summary_tokens) if s.summary_tokens else None
 
     def serving_input(self):
         """Byte ids [batch, length <= seq_len]; the logits predict each next byte."""
@@ -186,25 +115,34 @@ class ByteLMTask(base.Task):
         return tf.TensorSpec([None, None], tf.int32, name="tokens"), checked
 
     def compute_loss(self, labels, outputs):
-        return per_byte_loss(labels, outputs)  # [batch, seq_len]: one loss per byte
+        return per_token_loss(labels, outputs)  # [batch, seq_len]: one loss per token
 
     def build_metrics(self):
         return [keras.metrics.SparseCategoricalAccuracy("accuracy"),
-                keras.metrics.Sum("scored_bytes")]
+                keras.metrics.Sum("scored_tokens")]
 
     def metrics_of_loss(self):
         # The mean next-byte cross-entropy is the loss: in bits, not computed again.
         return {"bits_per_byte": lambda loss: loss / math.log(2.0)}
 
     def update_metrics(self, metrics, labels, outputs):
-        # One entry per byte: Keras' Mean metrics would average each window first.
+        # One entry per token: Keras' Mean metrics would average each window first.
         labels, outputs = tf.reshape(labels, [-1]), tf.reshape(outputs, [-1, VOCAB])
         accuracy, scored = metrics
         accuracy.update_state(labels, outputs)
         scored.update_state(tf.cast(tf.size(labels), tf.float32))
 
-    def sample(self, model, prompt, num_bytes, temperature=1.0, top_k=0, seed=0):
-        """Continues `prompt` (bytes) by `num_bytes` sampled bytes; reproducible per seed."""
+    def generate(self, model, prompt=None, num_tokens=None):
+        """`prompt` (config.sample.prompt if None) and the `num_tokens` bytes sampled after
+        it (config.sample.num_tokens), decoded as UTF-8 (a cut sequence is replaced)."""
+        s = self.config.sample
+        prompt = list((s.prompt if prompt is None else prompt).encode())
+        tokens = self.sample_tokens(model, prompt, s.num_tokens if num_tokens is None
+                                    else num_tokens, s.temperature, s.top_k, s.seed)
+        return bytes(prompt + tokens).decode("utf-8", errors="replace")
+
+    def sample_tokens(self, model, prompt, num_tokens, temperature=1.0, top_k=0, seed=0):
+        """`num_tokens` token ids sampled after the ids `prompt`; reproducible per seed."""
         window = np.zeros((1, self.seq_len), np.int32)
         if getattr(self, "_sampled_model", None) is not model:  # traced once per model
             self._sampled_model = model
@@ -213,7 +151,7 @@ class ByteLMTask(base.Task):
         next_logits = self._next_logits
 
         out = list(prompt) or [ord("\n")]
-        for i in range(num_bytes):
+        for i in range(num_tokens):
             context = out[-self.seq_len:]
             window[0, :len(context)] = context  # causal: the zeros after it are never seen
             logits = next_logits(tf.constant(window), tf.constant(len(context) - 1))
@@ -222,4 +160,4 @@ class ByteLMTask(base.Task):
                 kth = tf.math.top_k(logits, k=top_k).values[-1]
                 logits = tf.where(logits < kth, -1e9, logits)
             out.append(int(tf.random.stateless_categorical(logits[None], 1, seed=(seed, i))[0, 0]))
-        return bytes(out[len(prompt) or 1:])
+        return out[len(prompt) or 1:]

@@ -23,7 +23,7 @@ tf.config.set_logical_device_configuration(
     _cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 from configs import cifar  # noqa: E402
-import tasks  # noqa: E402
+from trainer.task import get_task  # noqa: E402
 from trainer import Trainer  # noqa: E402
 from trainer.runtime.precision import set_policy  # noqa: E402
 from trainer.runtime import user_cache  # noqa: E402
@@ -76,7 +76,7 @@ def build(config, workdir, strategy=None):
     strategy = strategy or tf.distribute.get_strategy()
     set_policy(config.precision, strategy)
     keras.utils.set_random_seed(config.seed)
-    return Trainer(config, tasks.get_task(config), strategy, str(workdir))
+    return Trainer(config, get_task(config), strategy, str(workdir))
 
 
 def checkpoint_steps(directory):

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-import tasks  # noqa: E402
+from trainer.task import get_task  # noqa: E402
 from test_image_files import files_config  # noqa: E402
 from trainer import Trainer  # noqa: E402
 from trainer.runtime.distribute import build_strategy  # noqa: E402
@@ -28,7 +28,7 @@ def main(data_dir, workdir, out):
     strategy = build_strategy(c.distribution)
     keras.utils.set_random_seed(c.seed)
     set_policy(c.precision, strategy)
-    trainer = Trainer(c, tasks.get_task(c), strategy, workdir)
+    trainer = Trainer(c, get_task(c), strategy, workdir)
     trainer.train(evaluate=False)
     read = iter(strategy.distribute_datasets_from_function(
         lambda ctx: trainer.task.build_inputs("train", ctx, 0)))

@@ -13,10 +13,10 @@ import keras  # noqa: E402
 from absl import logging  # noqa: E402
 import numpy as np  # noqa: E402
 
-import tasks  # noqa: E402
+from trainer.task import get_task  # noqa: E402
 from configs import cifar  # noqa: E402
 from trainer import Trainer  # noqa: E402
-from trainer.loop.actions import Action  # noqa: E402
+from trainer.loop.action import Action  # noqa: E402
 from trainer.runtime.distribute import build_strategy  # noqa: E402
 from trainer.runtime.precision import set_policy  # noqa: E402
 
@@ -66,7 +66,7 @@ def main(workdir, out, steps, stop_at=None, accumulation_steps=1):
     strategy = build_strategy(c.distribution)
     keras.utils.set_random_seed(c.seed)
     set_policy(c.precision, strategy)
-    trainer = Trainer(c, tasks.get_task(c), strategy, workdir)
+    trainer = Trainer(c, get_task(c), strategy, workdir)
     trainer.train()
     averages = trainer.ema.averages if trainer.ema else []
     np.savez(out, step=trainer.step.numpy(),

@@ -129,7 +129,7 @@ def test_every_step_reaches_tensorboard_inside_steps_per_loop(tmp_path):
 def test_micro_batches_read_exactly_the_examples_of_the_big_batch(task_name):
     """accumulation_steps=4 at 8 sees what accumulation_steps=1 at 32 sees, step by step,
     also from a resumed step (the stream starts at step * k micro-batches)."""
-    import tasks
+    from trainer.task import get_task
     from configs import lm
     from trainer.step.accumulation import batch_micro_steps
     config = tiny_config() if task_name == "cifar10" else lm.get_config()
@@ -143,7 +143,7 @@ def test_micro_batches_read_exactly_the_examples_of_the_big_batch(task_name):
         rows = []
         for p in range(pipelines):
             context = tf.distribute.InputContext(pipelines, p, replicas)
-            dataset = tasks.get_task(config).build_inputs("train", context, start_step * k)
+            dataset = get_task(config).build_inputs("train", context, start_step * k)
             for x, _ in batch_micro_steps(dataset, k).take(replicas // pipelines):
                 rows.append(tf.reshape(x, [-1, int(np.prod(x.shape[-3 if task_name ==
                                                                   "cifar10" else -1:]))]))

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import build, checkpoint_steps, tiny_config
-from trainer.modes import evaluator
+from trainer.modes import continuous_eval as evaluator
 from trainer.state import checkpoint_state
 
 CONFIG = {"trainer.train_steps": 20, "trainer.checkpoint_every": 10,

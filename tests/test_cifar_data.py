@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import tiny_config
-from tasks import cifar10_data
+from trainer.data.images import cifar10 as cifar10_data
 
 
 def write_cifar(root, rng, sizes=(7, 5, 3, 4, 6), test_size=9):
@@ -195,7 +195,7 @@ def assert_pad4_crops_or_mirrors(images, out):
 
 def test_random_crop_and_flip_copies_whole_pixel_windows():
     import tensorflow as tf
-    from tasks.cifar10 import random_crop_and_flip
+    from trainer.data.images.preprocess import random_crop_and_flip
     images = np.random.default_rng(4).integers(0, 256, size=(16, 32, 32, 3), dtype=np.uint8)
     out = random_crop_and_flip(tf.constant(images), tf.constant([0, 1], tf.int64)).numpy()
     assert out.dtype == np.uint8
@@ -205,7 +205,7 @@ def test_random_crop_and_flip_copies_whole_pixel_windows():
 def test_fused_augmentation_crops_flips_and_normalizes():
     """The XLA-compiled version draws its own random numbers, so it is checked by property."""
     import tensorflow as tf
-    from tasks.cifar10 import MEAN, STD, augment_and_normalize
+    from trainer.data.images.preprocess import MEAN, STD, augment_and_normalize
     images = np.random.default_rng(5).integers(0, 256, (16, 32, 32, 3), np.uint8)
     seed = tf.constant([3, 4], tf.int64)
     out = augment_and_normalize(tf.constant(images), seed, "standardize").numpy()

@@ -9,12 +9,12 @@ import pytest
 import tensorflow as tf
 
 import image_data
-import tasks
+from trainer.task import get_task
 from conftest import build, tiny_config
 from test_image_files import files_config
 from test_transformers import tiny_lm
 from trainer import assemble
-from trainer.modes import evaluator
+from trainer.modes import continuous_eval as evaluator
 from trainer.runtime.distribute import build_strategy
 from trainer.state.workdir import check_outside_data
 
@@ -60,7 +60,7 @@ def test_a_workdir_inside_the_data_is_refused(tmp_path):
                      os.path.join(root, "digit_1", "run"), "train")
     assert not os.path.exists(os.path.join(root, "digit_1", "run"))
     # A glob that matches none of the run's files (and a workdir beside the data) is fine.
-    tasks.get_task(lm)  # (the same config builds)
+    get_task(lm)  # (the same config builds)
     check_outside_data(str(tmp_path / "corpus" / "run"),
                                 [str(tmp_path / "corpus" / "*.txt")])
 

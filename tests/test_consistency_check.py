@@ -7,8 +7,8 @@ import pytest
 
 from conftest import build, checkpoint_steps, tiny_config, two_replicas
 from replica_drift import OneReplicaDrifts
-from trainer import assemble
-from trainer.loop.consistency import ConsistencyCheck, ReplicasDiverged
+from trainer.modes import train as train_mode
+from trainer.actions.consistency_check import ConsistencyCheck, ReplicasDiverged
 
 DRIFTING = "seed_cnn/dense_1/bias"
 
@@ -24,7 +24,7 @@ def test_a_replica_that_drifts_is_named_and_the_checked_checkpoint_kept(tmp_path
     config = tiny_config(**{"trainer.consistency_every": 5, "trainer.checkpoint_every": 10,
                             "trainer.eval_every": 0, "trainer.train_steps": 20})
     trainer = build(config, tmp_path, two_replicas())
-    controller = assemble.controller(trainer, evaluate=False,
+    controller = train_mode.controller(trainer, evaluate=False,
                                      actions=[OneReplicaDrifts(DRIFTING, at=12)])
     with pytest.raises(ReplicasDiverged) as error:
         controller.train()
@@ -48,7 +48,7 @@ def test_without_drift_the_check_passes_at_its_steps_and_before_saves(tmp_path, 
         checked.append(step), original(self, controller, step, logs)))
     config = tiny_config(**{"trainer.consistency_every": 10, "trainer.checkpoint_every": 4,
                             "trainer.eval_every": 6, "trainer.train_steps": 13})
-    controller = assemble.controller(build(config, tmp_path, two_replicas()))
+    controller = train_mode.controller(build(config, tmp_path, two_replicas()))
     controller.train()
     assert checked == [4, 6, 8, 10, 12, 13]
     assert controller.actions[0].last_equal == 13
@@ -64,7 +64,7 @@ def test_one_replica_has_nothing_to_compare(tmp_path, caplog):
 def test_the_fingerprint_sees_changes_a_plain_sum_would_cancel():
     import numpy as np
     import tensorflow as tf
-    from trainer.loop.consistency import bit_sum
+    from trainer.actions.consistency_check import bit_sum
     x = np.linspace(0.5, 2.0, 8, dtype=np.float32)
     up_down = x.copy()
     up_down[2] = np.nextafter(x[2], np.float32(3))   # +1 ulp (same exponent: bits + 1)

@@ -13,8 +13,8 @@ import tensorflow as tf
 
 from conftest import build, checkpoint_steps, scalars, tiny_config
 from trainer import cli
-from trainer.assemble import controller as Controller
-from trainer.loop.actions import Action
+from trainer.modes.train import controller as Controller
+from trainer.loop.action import Action
 from trainer.loop import jit_choice
 from trainer.state.workdir_lock import LOCK_NAME, WorkdirLock
 

@@ -67,35 +67,27 @@ def test_ci_runs_the_readme_test_command():
     assert test_command in open(os.path.join(ROOT, ".ci", "run")).read()
 
 
-def test_config_files_import_only_the_shared_defaults_of_the_trainer():
-    """A config is read before anything is built: it may import trainer/runtime/defaults.py,
-    not the step's or the loop's modules."""
-    configs = os.path.join(ROOT, "configs")
-    for name in sorted(os.listdir(configs)):
-        if name.endswith(".py"):
-            imported = re.findall(r"^\s*(?:from|import) (trainer\S*)",
-                                  open(os.path.join(configs, name)).read(), re.M)
-            assert set(imported) <= {"trainer.runtime.defaults"}, (name, imported)
-
-
 def test_each_layer_of_trainer_imports_only_the_layers_below_it():
-    """BUILD.md's layers: runtime/, state/, step/, loop/, then outputs/ and modes/; a
-    module-level import of a higher layer is refused (a call inside a function, as
-    `Trainer.train`'s, is the documented exception)."""
+    """BUILD.md's layers: runtime/, then state/, data/ and the Task contract, step/, loop/,
+    actions/, modes/, then assemble and cli; a module-level import of a higher layer is
+    refused (a call inside a function, as `Trainer.train`'s, is the documented exception)."""
     import ast
-    order = {"runtime": 0, "state": 1, "step": 2, "loop": 3, "outputs": 4, "modes": 4,
-             "assemble": 5, "cli": 5}
+    order = {"runtime": 0, "state": 1, "data": 1, "task": 1, "step": 2, "loop": 3,
+             "actions": 4, "modes": 5, "assemble": 6, "cli": 6}
     upward = []
-    for folder in ("runtime", "state", "step", "loop", "outputs", "modes"):
-        for name in sorted(os.listdir(os.path.join(ROOT, "trainer", folder))):
-            if not name.endswith(".py"):
+    for folder, _, names in os.walk(os.path.join(ROOT, "trainer")):
+        for name in sorted(n for n in names if n.endswith(".py")):
+            path = os.path.join(folder, name)
+            parts = os.path.relpath(path, os.path.join(ROOT, "trainer")).split(os.sep)
+            layer = parts[0] if len(parts) > 1 else name[:-3]
+            if layer not in order:
                 continue
-            path = os.path.join(ROOT, "trainer", folder, name)
             for node in ast.parse(open(path).read()).body:
                 modules = ([node.module] + [f"{node.module}.{a.name}" for a in node.names]
                            if isinstance(node, ast.ImportFrom) and node.module else
                            [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-                upward += [f"trainer/{folder}/{name}: {m}" for m in modules
-                           if m.startswith("trainer.")
-                           and order.get(m.split(".")[1], -1) > order[folder]]
+                upward += [f"{os.path.relpath(path, ROOT)}: {m}" for m in modules
+                           if m.split(".")[0] == "tasks" or (
+                               m.startswith("trainer.")
+                               and order.get(m.split(".")[1], -1) > order[layer])]
     assert not upward

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tasks
+from trainer.task import get_task
+from trainer.data.images.preprocess import normalize
 from conftest import build, tiny_config
 from test_precision import tiny_lm_config
 from trainer.cli import execute
-from trainer.outputs.export import export
+from trainer.actions.export import export
 
 # Loads each export in a process of its own, as a server would, and saves its outputs.
 SERVE = """
@@ -67,7 +68,7 @@ def test_a_fresh_process_serves_the_trained_models_predictions(tmp_path):
     assert metadata["training_precision"] == "mixed_bfloat16"
     # The in-memory model, at the exported weights, in float32 and in bfloat16.
     cifar.restore(metadata["checkpoint"])
-    features = tasks.cifar10.normalize(images, "standardize")
+    features = normalize(images, "standardize")
     keras.mixed_precision.set_global_policy("float32")
     float32_model = cifar.task.build_model()
     float32_model.set_weights([w.numpy() for w in cifar.model.weights])
@@ -88,7 +89,7 @@ def test_a_fresh_process_serves_the_trained_models_predictions(tmp_path):
 
 def test_a_bad_checkpoint_is_a_clear_error_and_writes_nothing(tmp_path):
     config = tiny_config(**{"trainer.train_steps": 2, "trainer.best_metric": ""})
-    task = tasks.get_task(config)
+    task = get_task(config)
     with pytest.raises(FileNotFoundError, match="no checkpoint in .* Train first"):
         export(config, task, str(tmp_path))
     build(config, tmp_path).train(evaluate=False)
@@ -105,7 +106,7 @@ def test_a_bad_checkpoint_is_a_clear_error_and_writes_nothing(tmp_path):
 
 def test_an_export_cut_short_is_never_taken_for_a_whole_one(tmp_path, caplog):
     config = tiny_config(**{"trainer.train_steps": 2, "trainer.best_metric": ""})
-    task = tasks.get_task(config)
+    task = get_task(config)
     build(config, tmp_path).train(evaluate=False)
     directory = export(config, task, str(tmp_path))
     assert os.path.exists(os.path.join(directory, "assets.extra", "COMPLETE"))
@@ -141,10 +142,10 @@ def test_an_export_in_the_training_policy_keeps_its_float32_layers(tmp_path):
         images=tf.constant(images))["logits"].numpy()
     # Compiled like the served graph: Grappler fuses ops there (matmul + bias + relu),
     # which rounds differently in bfloat16 than the eager ops one by one.
-    expected = tf.function(trainer.model)(tasks.cifar10.normalize(images, "unit_range")).numpy()
+    expected = tf.function(trainer.model)(normalize(images, "unit_range")).numpy()
     np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-5)  # same dtypes
     float32 = tiny_config(precision="float32")
     keras.mixed_precision.set_global_policy("float32")
-    reference = tasks.get_task(float32).build_model()
+    reference = get_task(float32).build_model()
     reference.set_weights([w.numpy() for w in trainer.model.weights])
-    assert np.abs(served - reference(tasks.cifar10.normalize(images, "unit_range"))).max() > 0
+    assert np.abs(served - reference(normalize(images, "unit_range"))).max() > 0

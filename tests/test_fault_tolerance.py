@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tasks
+from trainer.task import get_task
 from conftest import build, checkpoint_steps, kill_relaunch_and_compare, tiny_config, two_replicas
 from trainer import Trainer
 from trainer.state.checkpoints import IncompatibleCheckpointError
@@ -135,7 +135,7 @@ def test_workdir_under_a_file_cannot_be_created(tmp_path):
 def test_train_input_resumes_at_the_step(tmp_path):
     """Batches from start_step=k are the batches k, k+1, ... of a run from step 0."""
     config = tiny_config(**{"data.global_batch_size": 8})
-    task = tasks.get_task(config)
+    task = get_task(config)
     ctx = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
                                      num_replicas_in_sync=2)
     from_zero = list(task.build_inputs("train", ctx, 0).take(10).as_numpy_iterator())

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tasks
+from trainer.task import get_task
 from conftest import build, scalars, tiny_config
 from trainer import cli
-from trainer.modes.batch_size_finder import find_batch_size
-from trainer.modes.lr_finder import suggest
+from trainer.modes.find_batch_size import find_batch_size
+from trainer.modes.find_lr import suggest
 from trainer.runtime.precision import layers_of, set_policy
 
 
@@ -64,8 +64,8 @@ class _OutOfMemoryAbove:
         self.limit = limit
 
     def __call__(self, config):
-        import tasks
-        task = tasks.get_task(config)
+        from trainer.task import get_task
+        task = get_task(config)
         build_model, limit = task.build_model, self.limit
 
         def build():
@@ -108,7 +108,7 @@ def test_find_batch_size_memory_budget_and_the_data_set_bound_it(tmp_path):
     config = tiny_config(**{"data.synthetic_train_size": 100, "find_batch_size.start": 64,
                             "find_batch_size.steps_per_trial": 1})
     report = find_batch_size(config, tf.distribute.get_strategy(), str(tmp_path / "b"),
-                             tasks.get_task)
+                             get_task)
     assert report["largest"] == 96 and "training examples" in report["trials"][1]["reason"]
 
 
@@ -138,7 +138,7 @@ class _PolicySpy:
         self.builds = []
 
     def __call__(self, config):
-        task = tasks.get_task(config)
+        task = get_task(config)
         build_model = task.build_model
 
         def build():
@@ -167,11 +167,11 @@ def test_every_batch_size_trial_runs_in_the_runs_policy_and_overrides(tmp_path):
 
 def test_find_batch_size_on_a_cpu_keeps_within_half_the_available_memory(tmp_path,
                                                                          monkeypatch):
-    from trainer.modes import batch_size_finder
+    from trainer.modes import find_batch_size as batch_size_finder
     config = tiny_config(**{"find_batch_size.steps_per_trial": 1,
                             "find_batch_size.max_trials": 1})
     report = find_batch_size(config, tf.distribute.get_strategy(), str(tmp_path / "a"),
-                             tasks.get_task)
+                             get_task)
     available = batch_size_finder.available_memory_bytes()
     assert report["memory_budget_gb"] == pytest.approx(available / 2 / 2**30, rel=0.1)
     assert "half of the" in report["memory_budget"]
@@ -180,7 +180,7 @@ def test_find_batch_size_on_a_cpu_keeps_within_half_the_available_memory(tmp_pat
     with pytest.raises(RuntimeError, match=r"peak memory .* > find_batch_size."
                                            r"memory_budget_gb=3.05e-05"):
         find_batch_size(config, tf.distribute.get_strategy(), str(tmp_path / "b"),
-                        tasks.get_task)
+                        get_task)
 
 
 def test_find_lr_sweeps_the_model_training_would_start_from(tmp_path):
@@ -200,7 +200,7 @@ def test_a_trial_predicted_past_the_budget_is_not_run(tmp_path, monkeypatch):
     """On a CPU a trial could take the machine's memory before its peak is measured: one
     whose peak, scaled from the largest batch that ran, passes the budget is skipped.
     (Trials stand in: a peak of 1 MB per example, within the 48 MB budget or not.)"""
-    from trainer.modes import batch_size_finder
+    from trainer.modes import find_batch_size as batch_size_finder
     ran = []
 
     def trial(config, strategy, workdir, make_task, batch, budget_gb):

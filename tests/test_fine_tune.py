@@ -14,7 +14,7 @@ import zoo  # noqa: F401  (registers the task)
 from conftest import build, tiny_config
 from test_transformers import tiny_lm
 from trainer import Trainer
-from trainer.outputs.export import choose_checkpoint
+from trainer.actions.export import choose_checkpoint
 from trainer.state.checkpoints import IncompatibleCheckpointError
 
 

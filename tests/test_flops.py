@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.util import deprecation
 
-import tasks
+from trainer.task import get_task
 from conftest import build, scalars, tiny_config, two_replicas
 from tasks.lm import VOCAB
 from test_transformers import tiny_lm
@@ -34,7 +34,7 @@ def test_the_lm_count_follows_its_weights(tmp_path):
     """6 x tokens x matmul weights (read off the built model) + causal attention."""
     config = tiny_lm(tmp_path, **{"model.num_layers": 2})
     T, L, d = config.model.seq_len, config.model.num_layers, config.model.d_model
-    task = tasks.get_task(config)
+    task = get_task(config)
     model = task.build_model()
     matmul_weights = sum(v.numpy().size for v in model.trainable_variables
                          if v.path.endswith("kernel")) + d * VOCAB  # + the tied head

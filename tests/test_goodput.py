@@ -10,9 +10,9 @@ import types
 import pytest
 
 from conftest import build, scalars, tiny_config
-from trainer.assemble import controller as Controller
+from trainer.modes.train import controller as Controller
 from trainer.loop import goodput
-from trainer.loop.actions import Action
+from trainer.loop.action import Action
 from trainer.loop.goodput import BUCKETS, LEDGER, Ledger, account
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -15,8 +15,8 @@ import pytest
 import tensorflow as tf
 
 import image_data
-import tasks
-from tasks import image_decode, image_splits
+from trainer.task import get_task
+from trainer.data.images import decode as image_decode, splits as image_splits
 from trainer import assemble
 from configs import images
 from conftest import build, kill_relaunch_and_compare, override
@@ -85,7 +85,7 @@ def context(pipelines=1, pipeline=0, replicas=1):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_format_reads_the_same_pixels_and_labels(digits_files, fmt):
-    task = tasks.get_task(files_config(digits_files[fmt]))
+    task = get_task(files_config(digits_files[fmt]))
     assert task.data.num_classes == 10
     batches = list(task.build_inputs("eval", context()).as_numpy_iterator())
     x = np.concatenate([b[0] for b in batches])
@@ -99,7 +99,7 @@ def test_train_stream_resumes_at_the_step_and_splits_across_pipelines(digits_fil
     """Two pipelines (1 replica each) read, step by step, what one pipeline with 2
     replicas reads; from start_step=k the stream is the tail of the one from 0; an
     epoch holds every example once."""
-    task = tasks.get_task(files_config(digits_files[fmt]))
+    task = get_task(files_config(digits_files[fmt]))
     one = list(task.build_inputs("train", context(1, 0, 2)).take(2 * 60).as_numpy_iterator())
     parts = [list(task.build_inputs("train", context(2, p, 2)).take(60).as_numpy_iterator())
              for p in range(2)]
@@ -138,7 +138,7 @@ def test_odd_folders_ignore_what_is_not_an_image_and_read_every_image_kind(tmp_p
             path.write_bytes(data.numpy() if tf.is_tensor(data) else data)
     (tmp_path / "train" / "empty").mkdir()
     caplog.set_level("WARNING")
-    task = tasks.get_task(files_config(dict(format="folder", train=str(tmp_path / "train"),
+    task = get_task(files_config(dict(format="folder", train=str(tmp_path / "train"),
                                             eval=str(tmp_path / "eval")),
                                        **{"data.global_batch_size": 6}))
     assert task.data.num_classes == 3
@@ -168,7 +168,7 @@ def test_an_unreadable_image_stops_the_run_naming_the_file(tmp_path):
     good = open(image_data.write_folder(tmp_path / "one", *image_data.digits(1))
                 + "/digit_0/00000.png", "rb").read()
     data = folder_with(tmp_path, {"text.jpg": BAD["text.jpg"](good)})
-    task = tasks.get_task(files_config(data, **{"data.global_batch_size": 61}))
+    task = get_task(files_config(data, **{"data.global_batch_size": 61}))
     with pytest.raises(tf.errors.InvalidArgumentError) as e:  # named as it is read
         next(iter(task.build_inputs("train", context())))
     assert "digit_1/text.jpg" in str(e.value) and "data.skip_bad=True" in str(e.value)
@@ -191,7 +191,7 @@ def test_skip_bad_leaves_out_the_same_files_on_every_launch(tmp_path, caplog):
     data = folder_with(tmp_path, bad)
     caplog.set_level("WARNING")
     config = files_config(data, **{"data.skip_bad": True, "data.global_batch_size": 8})
-    first = tasks.get_task(config)
+    first = get_task(config)
     second = image_splits.ImageSplits(config.data)  # another launch's
     assert len(first.data.kept("train")) == 60 == len(second.kept("train"))
     assert first.data.skipped["train"] == sorted(
@@ -201,7 +201,7 @@ def test_skip_bad_leaves_out_the_same_files_on_every_launch(tmp_path, caplog):
     assert "(60 train examples, 4 unreadable file(s) skipped)" in first.describe_data()
     a = list(first.build_inputs("train", context(), 3).take(8).as_numpy_iterator())
     image_splits._OPENED.clear()  # a new process
-    b = list(tasks.get_task(config).build_inputs("train", context(), 3).take(
+    b = list(get_task(config).build_inputs("train", context(), 3).take(
         8).as_numpy_iterator())
     for (xa, ya), (xb, yb) in zip(a, b):
         np.testing.assert_array_equal(xa, xb)
@@ -232,7 +232,7 @@ def test_the_pixels_an_image_declares_are_read_from_its_header():
 def test_an_image_declaring_too_many_pixels_is_named_and_never_decoded(tmp_path, caplog):
     # 10^10 pixels in about 100 bytes: decoding it would need 10 GB, 40 GB to resize.
     data = folder_with(tmp_path, {"huge.png": png_declaring(100_000, 100_000)})
-    task = tasks.get_task(files_config(data, **{"data.global_batch_size": 61}))
+    task = get_task(files_config(data, **{"data.global_batch_size": 61}))
     with pytest.raises(tf.errors.InvalidArgumentError) as e:
         next(iter(task.build_inputs("train", context())))
     message = str(e.value)
@@ -240,13 +240,13 @@ def test_an_image_declaring_too_many_pixels_is_named_and_never_decoded(tmp_path,
     assert "digit_1/huge.png" in message and "10000000000" in message
     caplog.set_level("WARNING")
     config = files_config(data, **{"data.skip_bad": True, "data.global_batch_size": 8})
-    skipping = tasks.get_task(config).data
+    skipping = get_task(config).data
     assert len(skipping.kept("train")) == 60
     assert skipping.skipped["train"] == [os.path.join(data["train"], "digit_1", "huge.png")]
     # The limit is the config's: the digits' 64 pixels are too many for 63.
     small = files_config(data, **{"data.max_image_pixels": 63, "data.global_batch_size": 4})
     with pytest.raises(tf.errors.InvalidArgumentError, match="max_image_pixels=63"):
-        next(iter(tasks.get_task(small).build_inputs("train", context())))
+        next(iter(get_task(small).build_inputs("train", context())))
 
 
 def test_bad_data_configs_are_named(tmp_path, digits_files):
@@ -255,13 +255,13 @@ def test_bad_data_configs_are_named(tmp_path, digits_files):
                                           keys=("jpeg", "class"))
     with pytest.raises(ValueError, match=r"has no feature \['image/encoded', "
                        r"'image/class/label'\] \(its records have \['class', 'jpeg'\]\)"):
-        tasks.get_task(files_config(dict(format="tfrecord", train=odd_keys, eval=odd_keys,
+        get_task(files_config(dict(format="tfrecord", train=odd_keys, eval=odd_keys,
                                          num_classes=10))).data.source("train")
-    ok = tasks.get_task(files_config(dict(format="tfrecord", train=odd_keys, eval=odd_keys,
+    ok = get_task(files_config(dict(format="tfrecord", train=odd_keys, eval=odd_keys,
                                           num_classes=10, image_key="jpeg",
                                           label_key="class")))
     assert ok.data.source("train").size == 20
-    narrow = tasks.get_task(files_config(dict(format="tfrecord", train=odd_keys,
+    narrow = get_task(files_config(dict(format="tfrecord", train=odd_keys,
                                               eval=odd_keys, num_classes=5, image_key="jpeg",
                                               label_key="class"),
                                          **{"data.global_batch_size": 20}))
@@ -270,18 +270,18 @@ def test_bad_data_configs_are_named(tmp_path, digits_files):
         next(iter(narrow.build_inputs("train", context())))
     with pytest.raises(ValueError, match=r"Labels outside \[0, 5\) \(data.num_classes\): "
                                          r"\S+r-00000-of-00001 record \d+: [5-9]"):
-        tasks.get_task(override(narrow.config.copy_and_resolve_references(),
+        get_task(override(narrow.config.copy_and_resolve_references(),
                                 **{"data.skip_bad": True})).data.kept("train")
     image_data.write_folder(tmp_path / "train", x[y < 5], y[y < 5])
     image_data.write_folder(tmp_path / "eval", x, y)
     with pytest.raises(ValueError, match=r"class folder\(s\) \['digit_5', 'digit_6'"):
-        tasks.get_task(files_config(dict(format="folder", train=str(tmp_path / "train"),
+        get_task(files_config(dict(format="folder", train=str(tmp_path / "train"),
                                          eval=str(tmp_path / "eval")))).data.source("eval")
     with pytest.raises(ValueError, match="set --config.data.num_classes="):
-        tasks.get_task(files_config(dict(digits_files["tfrecord"], num_classes=0))
+        get_task(files_config(dict(digits_files["tfrecord"], num_classes=0))
                        ).data.num_classes
     with pytest.raises(ValueError, match=r"data.train is empty: set --config.data.train="):
-        tasks.get_task(files_config(dict(format="folder"))).data.source("train")
+        get_task(files_config(dict(format="folder"))).data.source("train")
 
 
 def test_sigkill_and_relaunch_on_tfrecords_ends_bitwise_equal(tmp_path, digits_files):
@@ -310,7 +310,7 @@ def test_the_local_tf_data_service_trains_and_reads_each_batch_once(tmp_path,
     trainer = build(config, tmp_path)
     trainer.train(evaluate=False)
     assert int(trainer.step.numpy()) == 20
-    plain = tasks.get_task(files_config(digits_files["folder"]))
+    plain = get_task(files_config(digits_files["folder"]))
     expected = [fingerprints(x) for x, _ in plain.build_inputs("train", context()).take(
         140).as_numpy_iterator()]
     served = [fingerprints(x) for x, _ in trainer.task.build_inputs(
@@ -345,7 +345,7 @@ def test_two_workers_read_what_one_process_reads_and_a_single_process_resumes(
                 p.kill()
     assert codes == [0, 0], open(tmp_path / "w0.log").read()[-3000:]
     workers = [np.load(tmp_path / f"worker{i}.npz") for i in range(2)]
-    task = tasks.get_task(files_config(digits_files["folder"]))
+    task = get_task(files_config(digits_files["folder"]))
     one = list(task.build_inputs("train", context()).take(6).as_numpy_iterator())
     for k, (x, y) in enumerate(one):
         np.testing.assert_array_equal(
@@ -365,24 +365,24 @@ def test_two_workers_read_what_one_process_reads_and_a_single_process_resumes(
 
 
 def test_an_input_bound_run_is_told_the_remedy_that_fits(digits_files, monkeypatch):
-    from tasks import images as images_task
+    from tasks import image_classification as images_task
     data = digits_files["folder"]
-    assert "data.cache=True decodes every image once" in tasks.get_task(
+    assert "data.cache=True decodes every image once" in get_task(
         files_config(data)).input_remedy()
     monkeypatch.setattr(images_task, "available_memory_bytes", lambda: 10**3)
-    assert "data.service=grpc://host:port decodes on other machines" in tasks.get_task(
+    assert "data.service=grpc://host:port decodes on other machines" in get_task(
         files_config(data)).input_remedy()
-    assert "more tf.data service workers" in tasks.get_task(
+    assert "more tf.data service workers" in get_task(
         files_config(data, **{"data.service": "local"})).input_remedy()
-    assert "from memory" in tasks.get_task(
+    assert "from memory" in get_task(
         files_config(data, **{"data.cache": True})).input_remedy()
 
 
 @pytest.mark.parametrize("fmt", ["folder", "tfds_array_record"])
 def test_cache_reads_the_same_batches_from_memory(digits_files, fmt):
     config = files_config(digits_files[fmt], **{"data.augment": True})
-    decoded = tasks.get_task(config)
-    cached = tasks.get_task(override(config.copy_and_resolve_references(),
+    decoded = get_task(config)
+    cached = get_task(override(config.copy_and_resolve_references(),
                                      **{"data.cache": True}))
     for split, start in (("train", 5), ("eval", 0)):
         a = list(decoded.build_inputs(split, context(), start).take(8).as_numpy_iterator())
@@ -398,7 +398,7 @@ def test_a_dispatcher_and_worker_started_by_the_entry_point_serve_a_run(tmp_path
                                                                         digits_files):
     from benchmarks.faults import free_ports
     dispatcher_port, worker_port = free_ports(2)
-    module = [sys.executable, "-m", "tasks.data_service"]
+    module = [sys.executable, "-m", "trainer.data.service"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     servers = [subprocess.Popen(module + ["--dispatcher", f"--port={dispatcher_port}"],
                                 cwd=ROOT, env=env, stderr=subprocess.DEVNULL),
@@ -408,14 +408,14 @@ def test_a_dispatcher_and_worker_started_by_the_entry_point_serve_a_run(tmp_path
     try:
         config = files_config(digits_files["folder"], **{
             "data.service": f"grpc://localhost:{dispatcher_port}"})
-        served = [fingerprints(x) for x, _ in tasks.get_task(config).build_inputs(
+        served = [fingerprints(x) for x, _ in get_task(config).build_inputs(
             "train", context()).take(20).as_numpy_iterator()]
-        expected = [fingerprints(x) for x, _ in tasks.get_task(
+        expected = [fingerprints(x) for x, _ in get_task(
             files_config(digits_files["folder"])).build_inputs(
             "train", context()).take(20).as_numpy_iterator()]
         assert served == expected  # one worker: the stream's order
         with pytest.raises(ValueError, match="read by Python code"):
-            tasks.get_task(files_config(digits_files["tfrecord"], **{
+            get_task(files_config(digits_files["tfrecord"], **{
                 "data.service": f"grpc://localhost:{dispatcher_port}"})).build_inputs(
                 "train", context())
     finally:

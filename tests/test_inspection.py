@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-import tasks
+from trainer.task import get_task
 from conftest import build, scalars, tiny_config
 
 pytestmark = pytest.mark.xdist_group("inspection")  # one test process makes the run
@@ -100,7 +100,7 @@ def test_the_first_training_batch_is_shown_as_one_grid(run):
     grid = tf.io.decode_png(tf.make_ndarray(images[0].tensor)[2]).numpy()
     assert grid.shape == (6 * 32, 6 * 32, 3)  # 32 images: 6 columns, 6 rows
     config = tiny_config()
-    task = tasks.get_task(config)
+    task = get_task(config)
     features, _ = next(iter(task.build_inputs("train", tf.distribute.InputContext(), 0)))
     first = np.round(task.display_images(features)[0].numpy() * 255)
     np.testing.assert_allclose(grid[:32, :32], first, atol=1)  # the pixels, not the floats

@@ -9,7 +9,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-import tasks
+from trainer.task import get_task
 from conftest import scalars, tiny_config, two_replicas
 from trainer import Trainer
 from trainer.runtime.distribute import build_strategy, is_chief
@@ -96,12 +96,12 @@ def test_a_read_only_mode_on_a_mistyped_workdir_creates_nothing(tmp_path, mode):
 
 def test_unknown_task_lists_known_ones():
     with pytest.raises(ValueError, match=r"Unknown task 'cifar100'.*Known tasks: cifar10"):
-        tasks.get_task(tiny_config(**{"task.name": "cifar100"}))
+        get_task(tiny_config(**{"task.name": "cifar100"}))
 
 
 def test_unknown_model_is_a_clear_error():
     with pytest.raises(ValueError, match=r"model.name='vgg'.*resnet"):
-        tasks.get_task(tiny_config(**{"model.name": "vgg"}))
+        get_task(tiny_config(**{"model.name": "vgg"}))
 
 
 def test_tpu_without_a_tpu_names_the_address_and_flag():
@@ -113,7 +113,7 @@ def test_tpu_without_a_tpu_names_the_address_and_flag():
 def test_batch_not_divisible_by_replicas(tmp_path):
     config = tiny_config(**{"data.global_batch_size": 33})
     with pytest.raises(ValueError, match="multiple of the 2 replicas"):
-        Trainer(config, tasks.get_task(config), two_replicas(), str(tmp_path))
+        Trainer(config, get_task(config), two_replicas(), str(tmp_path))
     assert not os.listdir(tmp_path)
 
 
@@ -122,7 +122,7 @@ def test_resnet_builds_and_steps(tmp_path):
                             "optimizer.name": "sgd", "optimizer.schedule": "cosine",
                             "optimizer.warmup_steps": 2, "trainer.train_steps": 4,
                             "trainer.steps_per_loop": 2})
-    trainer = Trainer(config, tasks.get_task(config), tf.distribute.get_strategy(),
+    trainer = Trainer(config, get_task(config), tf.distribute.get_strategy(),
                       str(tmp_path))
     assert trainer.model.losses  # L2 weight decay flows into the loss
     trainer.train(evaluate=False)
@@ -141,7 +141,7 @@ def test_legacy_keras_env_fails_fast(tmp_path):
 
 @pytest.mark.parametrize("config_arg,expected", [
     ("configs/nope.py", "nope.py"),
-    ("tasks/base.py", "get_config"),
+    ("trainer/task.py", "get_config"),
 ])
 def test_bad_config_file_is_a_clear_error(tmp_path, config_arg, expected):
     run = launch(tmp_path / "w", config=config_arg)
@@ -159,7 +159,7 @@ def test_wrong_type_for_a_field_is_a_clear_error(tmp_path):
 
 def test_batch_larger_than_the_dataset(tmp_path):
     config = tiny_config(**{"data.global_batch_size": 2048})
-    trainer = Trainer(config, tasks.get_task(config), tf.distribute.get_strategy(),
+    trainer = Trainer(config, get_task(config), tf.distribute.get_strategy(),
                       str(tmp_path))
     with pytest.raises(ValueError, match="global_batch_size=2048 is larger than the 1024"):
         trainer.train()

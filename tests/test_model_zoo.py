@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import zoo  # noqa: F401  (registers the task)
 from conftest import build, two_replicas
-from trainer.outputs.export import export
+from trainer.actions.export import export
 from trainer.runtime.precision import layers_of
 from trainer.state.model_build import build_model
 from trainer.state.checkpoints import IncompatibleCheckpointError
@@ -102,14 +102,14 @@ def _served_and_float32(directory, trainer):
 def test_nested_inputs_and_outputs_in_precision_check_and_telemetry(tmp_path):
     """Dict inputs, an unused aux output (no gradient): the precision check compares the
     trained layers, telemetry records every layer."""
-    import tasks
+    from trainer.task import get_task
     from trainer.modes.precision_check import precision_check
 
     for name in ("dict_inputs", "aux_head"):
         config = zoo.zoo_config(name, precision="mixed_bfloat16",
                                 **{"numerics.check_steps": 2})
         report = precision_check(config, tf.distribute.get_strategy(),
-                                 str(tmp_path / name), tasks.get_task)
+                                 str(tmp_path / name), get_task)
         assert len(report["loss"]["float32"]) == 2 and report["layers"]["step 2"]
         assert not any(layer.startswith("aux") for layer in report["layers"]["step 2"])
     trainer = build(zoo.zoo_config("dict_inputs", **{"numerics.every": 1,

@@ -3,7 +3,7 @@
 import os
 import re
 
-from tasks import data_service
+from trainer.data import service as data_service
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,5 +44,5 @@ def test_the_readme_tells_each_mode_s_ports():
     readme = open(os.path.join(ROOT, "README.md")).read()
     security = readme.split("## Security", 1)[1].split("\n## ", 1)[0]
     for mode in ("--local_workers=N", "multi_worker", "data.service=local",
-                 "python -m tasks.data_service", "NetworkPolicy"):
+                 "python -m trainer.data.service", "NetworkPolicy"):
         assert mode in security

@@ -7,7 +7,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-import tasks
+from trainer.task import Task
 from conftest import build, tiny_config, two_replicas
 from configs import lm
 from trainer import Trainer
@@ -108,7 +108,7 @@ class ScaledDense(keras.layers.Dense):
         return super().call(x) * tf.cast(self.factor, self.compute_dtype)
 
 
-class TwoHeads(tasks.base.Task):
+class TwoHeads(Task):
     """Sign of a sum, from a main head plus a branch whose output is scaled by `factor`
     before the loss: at 1e-12 the branch's gradients vanish in float16, not in float32."""
 

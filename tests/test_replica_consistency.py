@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tasks
+from trainer.task import get_task
 from conftest import tiny_config, two_replicas
-from tasks.base import Task
+from trainer.task import Task
 from trainer import Trainer
 from trainer.loop.divergence import check_finite
 
@@ -134,7 +134,7 @@ def test_batch_norm_statistics_are_identical_on_every_replica(tmp_path):
     config = tiny_config(**{"model.name": "resnet", "model.width": 4,
                             "model.blocks_per_stage": 1, "data.global_batch_size": 16})
     keras.utils.set_random_seed(0)
-    trainer = Trainer(config, tasks.get_task(config), two_replicas(), str(tmp_path))
+    trainer = Trainer(config, get_task(config), two_replicas(), str(tmp_path))
     it = iter(trainer.distributed_dataset("train"))
     trainer.train_loop(it, tf.constant(3, tf.int64))
     stats = [v for v in trainer.model.variables if "moving_" in v.path]

@@ -6,7 +6,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-import tasks
+from trainer.task import get_task
 from conftest import tiny_config
 from trainer import Trainer
 from trainer.runtime.precision import set_policy
@@ -31,7 +31,7 @@ def test_tpu_config_train_step_compiles_with_xla(tmp_path, name, batch, accumula
     config.optimizer.warmup_steps = 1
     set_policy(config.precision, tf.distribute.get_strategy())
     keras.utils.set_random_seed(0)
-    trainer = Trainer(config, tasks.get_task(config), tf.distribute.get_strategy(),
+    trainer = Trainer(config, get_task(config), tf.distribute.get_strategy(),
                       str(tmp_path))
     iterator = iter(trainer.distributed_dataset("train"))
     features, labels = next(iterator)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tasks
+from trainer.data.images.preprocess import normalize
 from conftest import build, scalars, tiny_config, two_replicas
 
 
@@ -84,7 +84,7 @@ def test_eval_sees_every_example_once_with_two_replicas(tmp_path):
     assert results["num_examples"] == 103
 
     data = trainer.task.data
-    images = tasks.cifar10.normalize(data.test_images, config.data.normalization)
+    images = normalize(data.test_images, config.data.normalization)
     logits = trainer.model(images, training=False).numpy()
     expected_loss = keras.losses.sparse_categorical_crossentropy(
         data.test_labels, logits, from_logits=True).numpy().mean()

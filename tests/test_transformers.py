@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tasks
+from trainer.task import get_task
 from configs import lm as lm_config
 from configs import vit_cifar
 import conftest
 from conftest import override, scalars, tiny_config, two_replicas
-from tasks.lm import ByteLM
+from tasks.models.decoder import DecoderLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = b"the quick brown fox jumps over the lazy dog. " * 40
@@ -59,7 +59,7 @@ def test_tiny_lm_overfits_repeated_text(tmp_path):
 
 
 def test_causal_logits_ignore_future_bytes():
-    model = ByteLM(seq_len=16, num_layers=2, d_model=32, num_heads=4, mlp_dim=64)
+    model = DecoderLM(vocab_size=256, seq_len=16, num_layers=2, d_model=32, num_heads=4, mlp_dim=64)
     tokens = np.random.default_rng(0).integers(0, 256, size=(2, 16)).astype(np.int32)
     changed = tokens.copy()
     t = 6
@@ -75,7 +75,7 @@ def test_remat_gives_same_loss_and_gradients(dropout):
     results = []
     for remat in (False, True):
         keras.utils.set_random_seed(3)
-        model = ByteLM(seq_len=16, num_layers=2, d_model=32, num_heads=4, mlp_dim=64,
+        model = DecoderLM(vocab_size=256, seq_len=16, num_layers=2, d_model=32, num_heads=4, mlp_dim=64,
                        dropout=dropout, remat=remat)
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
@@ -97,7 +97,7 @@ def test_eval_scores_every_validation_byte_once(tmp_path):
     trainer = build(config, tmp_path, strategy=two_replicas())
     results = trainer.evaluate()
     n_val = int(len(text) * 0.237)
-    assert results["scored_bytes"] == n_val  # 237 targets: 7 windows of 32 + 13 left over
+    assert results["scored_tokens"] == n_val  # 237 targets: 7 windows of 32 + 13 left over
 
     val = np.frombuffer(text, np.uint8)[-n_val - 1:].astype(np.int32)
     all_losses = []
@@ -114,12 +114,12 @@ def test_eval_scores_every_validation_byte_once(tmp_path):
 
 def test_empty_glob_is_a_clear_error(tmp_path):
     config = tiny_lm(tmp_path, **{"data.files": str(tmp_path / "nothing" / "*.txt")})
-    task = tasks.get_task(config)
+    task = get_task(config)
     with pytest.raises(FileNotFoundError, match=r"nothing/\*\.txt.*matches no files"):
         task.build_model() and task.splits
 
 
-def test_sample_mode_prints_requested_bytes_reproducibly(tmp_path):
+def test_sample_mode_prints_the_prompt_and_its_continuation_reproducibly(tmp_path):
     config = tiny_lm(tmp_path, **{"trainer.train_steps": 20, "trainer.steps_per_loop": 10,
                                   "trainer.log_every": 10, "optimizer.warmup_steps": 2})
     build(config, tmp_path).train(evaluate=False)
@@ -130,7 +130,7 @@ def test_sample_mode_prints_requested_bytes_reproducibly(tmp_path):
             "--config.model.seq_len=32", "--config.model.num_layers=1",
             "--config.model.d_model=32", "--config.model.num_heads=2",
             "--config.model.mlp_dim=64", "--config.sample.prompt=the ",
-            "--config.sample.num_bytes=40", "--config.sample.top_k=5"]
+            "--config.sample.num_tokens=40", "--config.sample.top_k=5"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     procs = [subprocess.Popen(args + extra, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
@@ -138,20 +138,22 @@ def test_sample_mode_prints_requested_bytes_reproducibly(tmp_path):
     outs = [subprocess.CompletedProcess(p.args, 0, *p.communicate(timeout=300)) for p in procs]
     for proc, out in zip(procs, outs):
         assert proc.returncode == 0, out.stderr.decode()[-2000:]
-    first = outs[0].stdout  # the raw bytes: the prompt, 40 sampled bytes, a newline
-    assert first.startswith(b"the ") and first.endswith(b"\n")
-    assert len(first) == 4 + 40 + 1, first
+    first = outs[0].stdout.decode()  # the prompt, 40 sampled bytes as UTF-8, a newline
+    assert first.startswith("the ") and first.endswith("\n") and len(first) > 4 + 1, first
     assert outs[1].stdout == outs[0].stdout        # same seed, same text
     assert outs[2].stdout != outs[0].stdout        # another seed, other text
 
 
-def test_sample_returns_exactly_num_bytes(tmp_path):
+def test_generation_samples_exactly_num_tokens(tmp_path):
     config = tiny_lm(tmp_path)
-    task = tasks.get_task(config)
+    task = get_task(config)
     model = task.build_model()
-    out = task.sample(model, b"fox", num_bytes=50, temperature=1.0, top_k=0, seed=4)
-    assert isinstance(out, bytes) and len(out) == 50
-    assert out == task.sample(model, b"fox", num_bytes=50, temperature=1.0, top_k=0, seed=4)
+    out = task.sample_tokens(model, list(b"fox"), 50, temperature=1.0, top_k=0, seed=4)
+    assert len(out) == 50 and all(0 <= t < 256 for t in out)
+    assert out == task.sample_tokens(model, list(b"fox"), 50, temperature=1.0, top_k=0, seed=4)
+    config.sample.update(temperature=1.0, top_k=0, seed=4)
+    assert task.generate(model, "fox", 50) == bytes(b"fox" + bytes(out)).decode(
+        "utf-8", errors="replace")
 
 
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])

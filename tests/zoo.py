@@ -10,8 +10,8 @@ import keras
 import ml_collections
 import tensorflow as tf
 
-import tasks
-from tasks.base import Task
+from trainer.task import register
+from trainer.task import Task
 
 CLASSES, SIZE = 4, 32
 
@@ -180,7 +180,7 @@ def _main(outputs):
     return outputs[0] if isinstance(outputs, (list, tuple)) else outputs
 
 
-@tasks.register("zoo")
+@register("zoo")
 class Zoo(Task):
 
     def build_model(self):

@@ -4,7 +4,7 @@ from trainer.runtime.precision import check_keras_backend
 
 check_keras_backend()
 
-from trainer.loop.actions import Action  # noqa: E402
+from trainer.loop.action import Action  # noqa: E402
 from trainer.step.trainer import Trainer  # noqa: E402
 
 __all__ = ["Action", "Trainer"]

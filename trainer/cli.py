@@ -5,6 +5,7 @@ which builds what the mode needs. Any config field can be overridden, e.g.
 --config.trainer.train_steps=200 --config.precision=mixed_bfloat16.
 """
 
+import importlib.util
 import os
 import sys
 import traceback
@@ -12,32 +13,23 @@ import traceback
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-import tasks
 import trainer
-
-from trainer.assemble import MODES, run
-from trainer.runtime import startup
-from trainer.loop.consistency import ReplicasDiverged
+from trainer.actions.consistency_check import ReplicasDiverged
+from trainer.assemble import run
 from trainer.loop.signals import DiskFull, Preempted
+from trainer.modes import MODES, help_text
+from trainer.runtime import startup
 from trainer.runtime.distribute import build_strategy, is_chief
 from trainer.state.workdir import check_readable_workdir, check_workdir
 from trainer.state.workdir_lock import (EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, is_local,
                                         lock_holder)
+from trainer.task import BUILT_IN
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (a get_config() module).",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, summaries and config.json.")
-flags.DEFINE_enum("mode", "train_and_eval", MODES,
-                  "train: train only; eval: evaluate the latest checkpoint; "
-                  "train_and_eval: train, evaluating every trainer.eval_every steps; "
-                  "continuous_eval: evaluate each new checkpoint a --mode=train run writes; "
-                  "sample: print text from the latest checkpoint (language models); "
-                  "precision_check: the mixed policy against float32, layer by layer, "
-                  "for numerics.check_steps steps; export: a SavedModel for serving of the "
-                  "best or latest checkpoint (or export.checkpoint) in workdir/export/; "
-                  "find_lr: the learning-rate range test, which prints the rate to use; "
-                  "find_batch_size: the largest global batch whose step runs.")
+flags.DEFINE_enum("mode", "train_and_eval", list(MODES), help_text())
 flags.DEFINE_integer("local_workers", 0, "N >= 2: run N workers of this command on this "
                      "machine, a MultiWorkerMirrored cluster on localhost ports (a generated "
                      "TF_CONFIG each), their logs prefixed [worker i]; exits with the worst "
@@ -87,7 +79,8 @@ def main(argv):
 # bug's errors (KeyError, TypeError, AttributeError...) keep theirs.
 TOLD = (ValueError, OSError, RuntimeError, ImportError, NotImplementedError,
         FloatingPointError)
-_OWN = tuple(os.path.dirname(os.path.abspath(p.__file__)) + os.sep for p in (trainer, tasks))
+_OWN = tuple(os.path.abspath(folder) + os.sep for folder in (
+    *trainer.__path__, *importlib.util.find_spec(BUILT_IN).submodule_search_locations))
 
 
 def raised_here(error):
@@ -98,38 +91,36 @@ def raised_here(error):
     return os.path.abspath(frame.tb_frame.f_code.co_filename).startswith(_OWN)
 
 
-def execute(config, workdir, mode):
-    """Runs `mode` on `workdir` (any filesystem tf.io.gfile knows: a path, gs://, ram://)."""
+def execute(config, workdir, name):
+    """Runs mode `name` on `workdir` (any filesystem tf.io.gfile knows: a path, gs://, ram://)."""
     import keras  # after flag parsing: keeps --help fast
     startup.mark("imports")
-    if mode in ("eval", "sample") or (mode == "export" and not config.export.checkpoint):
-        check_readable_workdir(workdir, mode)  # (export.checkpoint: workdir is the output)
+    mode = MODES[name]
+    if mode.reads_run(config) if callable(mode.reads_run) else mode.reads_run:
+        check_readable_workdir(workdir, name)
     strategy = build_strategy(config.distribution)  # first: multi-worker needs a fresh runtime
     startup.mark("strategy")
     keras.utils.set_random_seed(config.seed)
-    if mode in ("sample", "export") or not is_chief(strategy):
-        # Read the workdir (export writes a new directory and summary_export.json, next
-        # to a running training if need be) / not the chief: no lock.
-        run(config, strategy, workdir, mode)
+    if mode.lock is None or not is_chief(strategy):  # only the chief writes the run's files
+        run(config, strategy, workdir, name)
         return
     check_workdir(workdir)
-    _refuse_two_evaluators(workdir, mode)
-    # The evaluator never writes checkpoints: it takes a lock of its own, not the run's.
-    with WorkdirLock(workdir, EVAL_LOCK_NAME if mode == "continuous_eval" else LOCK_NAME,
-                     mode):
-        run(config, strategy, workdir, mode)
+    if mode.evaluates:
+        _refuse_two_evaluators(workdir, mode)
+    with WorkdirLock(workdir, mode.lock, name):
+        run(config, strategy, workdir, name)
 
 
 def _refuse_two_evaluators(workdir, mode):
-    """A train_and_eval run and a continuous evaluator would both write eval/ and best/."""
-    other = {"continuous_eval": LOCK_NAME, "train_and_eval": EVAL_LOCK_NAME}.get(mode)
-    owner = other and lock_holder(workdir, other)
-    if owner and "eval" in str(owner.get("mode")):
+    """Two evaluating processes (one holds each lock) would both write eval/ and best/."""
+    other = EVAL_LOCK_NAME if mode.lock == LOCK_NAME else LOCK_NAME
+    owner = lock_holder(workdir, other)
+    if owner and owner.get("mode") in MODES and MODES[owner["mode"]].evaluates:
         raise RuntimeError(
-            f"--mode={mode}: pid {owner.get('pid')} on {owner.get('host')} already evaluates "
-            f"{workdir} (--mode={owner.get('mode')}); two evaluators would both write eval/ "
-            "and best/. Train with --mode=train next to a --mode=continuous_eval process, "
-            "or use --mode=train_and_eval alone."
+            f"--mode={mode.name}: pid {owner.get('pid')} on {owner.get('host')} already "
+            f"evaluates {workdir} (--mode={owner.get('mode')}); two evaluators would both "
+            "write eval/ and best/. Train with --mode=train next to a --mode=continuous_eval "
+            "process, or use --mode=train_and_eval alone."
             + ("" if is_local(workdir) else " (On this store a lock is a lease, whose "
                f"holder this check cannot see alive: if that process is gone, delete "
                f"{os.path.join(workdir, other)}.)"))

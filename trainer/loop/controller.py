@@ -16,7 +16,7 @@ import time
 import tensorflow as tf
 from absl import logging
 
-from trainer.loop import actions as actions_lib
+from trainer.loop.action import every
 from trainer.runtime import startup
 from trainer.loop.divergence import check_finite
 from trainer.loop.goodput import Ledger, launch_start
@@ -28,7 +28,7 @@ from trainer.state.workdir import ChiefFiles
 
 
 class Controller:
-    """Runs `trainer` to `trainer.train_steps`, calling `actions` (trainer/loop/actions.py)
+    """Runs `trainer` to `trainer.train_steps`, calling `actions` (trainer/loop/action.py)
     at their steps; it builds none of them (`trainer/assemble.py` does)."""
 
     def __init__(self, trainer, actions):
@@ -226,9 +226,9 @@ class Controller:
 
         def due(step, save):
             return [i for i, a in enumerate(self.actions)
-                    if actions_lib.every(step, a.every) or step in a.boundaries()
+                    if every(step, a.every) or step in a.boundaries()
                     or (a.at_end and step >= self.trainer.train_steps)
-                    or (save and isinstance(a, actions_lib.SaveCheckpoint))]
+                    or (save and a.on_interrupt and a.kind == "checkpoint")]  # a stop's save
 
         return (steps * (self._step_seconds or 0.0)
                 + sum(self._action_seconds.get(i, 0.0)

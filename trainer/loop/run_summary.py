@@ -68,7 +68,7 @@ def run_summary(controller, stopped):
         "train": controller.last_train,
         "eval": controller.last_eval,
         "precision": trainer.policy,
-        "jit_compile": trainer.jit_compile,  # as settled (trainer/loop/jit_choice.py)
+        "jit_compile": trainer.jit_compile,  # as settled (trainer/actions/jit_choice.py)
         "skipped_steps": int(trainer.loss_scale.skipped_steps.numpy()),
         "strategy": type(trainer.strategy).__name__,
         "replicas": trainer.strategy.num_replicas_in_sync,

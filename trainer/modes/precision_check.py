@@ -25,8 +25,13 @@ from trainer.runtime.precision import choose_policy, layers_of, set_policy
 from trainer.state.workdir import ChiefFiles
 from trainer.step.telemetry import FLOAT16_MAX, FLOAT16_TINY
 from trainer.step.trainer import Trainer
+from trainer.task import get_task
 
 MIN_COSINE, MAX_UNDERFLOW, MAX_LOSS_GAP = 0.98, 0.01, 0.1
+
+
+def run(config, strategy, workdir, summary):
+    precision_check(config, strategy, workdir, get_task)
 
 
 def precision_check(config, strategy, workdir, make_task):

@@ -44,7 +44,7 @@ def build_strategy(config):
         raise ValueError(f"config.distribution.strategy={config.strategy!r} is unknown; "
                          f"choose one of {STRATEGIES}.")
     for field, known in (("all_reduce", ALL_REDUCE), ("all_reduce_dtype", ALL_REDUCE_DTYPES)):
-        if config.get(field, "auto" if field == "all_reduce" else "float32") not in known:
+        if config[field] not in known:
             raise ValueError(f"config.distribution.{field}={config[field]!r} is unknown; "
                              f"choose one of {tuple(known)}.")
     check_number(config.collective_timeout_seconds, "distribution.collective_timeout_seconds",
@@ -85,8 +85,8 @@ def _make_strategy(config):
         # A bounded wait on every collective: a dead peer becomes an error, not a hang.
         options = tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=config.collective_timeout_seconds,
-            implementation=ALL_REDUCE[config.get("all_reduce", "auto")],
-            bytes_per_pack=config.get("bytes_per_pack", 0))
+            implementation=ALL_REDUCE[config.all_reduce],
+            bytes_per_pack=config.bytes_per_pack)
         return tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=_slurm_resolver(config) if config.cluster == "slurm" else None,
             communication_options=options)

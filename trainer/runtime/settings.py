@@ -9,7 +9,7 @@ _ON_OFF_AUTO = {"on": True, "true": True, "off": False, "false": False, "auto": 
 
 def on_off_auto(trainer_config, field):
     """True, False or "auto" from `trainer.<field>` (on / true, off / false, auto)."""
-    value = trainer_config.get(field, "auto")
+    value = trainer_config[field]
     if str(value).lower() not in _ON_OFF_AUTO:
         raise ValueError(f"trainer.{field}={value!r} must be 'on', 'off' or 'auto'.")
     return _ON_OFF_AUTO[str(value).lower()]
@@ -60,7 +60,7 @@ def check_trainer_config(tc):
     for name in ("train_steps", "steps_per_loop", "log_every", "checkpoint_every",
                  "eval_every", "early_stop_patience", "consistency_every",
                  "max_nonfinite_steps"):
-        value, minimum = tc.get(name, 0), 1 if name in ("train_steps", "steps_per_loop") else 0
+        value, minimum = tc[name], 1 if name in ("train_steps", "steps_per_loop") else 0
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             raise ValueError(
                 f"trainer.{name}={value!r} must be an integer >= {minimum}"

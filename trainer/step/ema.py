@@ -25,7 +25,7 @@ def check_ema_decay(decay):
 
 def evaluates_ema(config):
     """Whether evaluation, the best checkpoint and export use the EMA weights."""
-    return bool(config.optimizer.get("ema_decay")) and config.eval.get("use_ema", True)
+    return bool(config.optimizer.ema_decay) and config.eval.use_ema
 
 
 class EmaWeights:

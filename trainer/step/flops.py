@@ -169,7 +169,7 @@ class Utilization:
         start = time.perf_counter()
         per_example, method = train_flops_per_example(t.task, t.model, t.example_spec)
         peak, source = peak_flops(t.strategy, t.model.compute_dtype,
-                                  t.config.trainer.get("peak_tflops", 0.0))
+                                  t.config.trainer.peak_tflops)
         self.count_seconds = round(time.perf_counter() - start, 3)
         logging.info("Model FLOPs per step: %.4g (%s; %d examples); peak: %s (%s); counted "
                      "in %.2f s.", per_example * t.examples_per_step, method,

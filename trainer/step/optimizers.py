@@ -3,7 +3,6 @@
 import keras
 from absl import logging
 
-from trainer.runtime.defaults import WEIGHT_DECAY_EXCLUDE
 from trainer.runtime.settings import check_number
 from trainer.state.layout import matching
 from trainer.step.ema import check_ema_decay
@@ -50,7 +49,7 @@ def trained_variables(names, config):
     `names` ({name: variable}, trainer/state/layout.py) but those `config.freeze` matches."""
     trainable = {n: v for n, v in names.items()
                  if v.trainable and keras.backend.is_float_dtype(v.dtype)}
-    frozen = set(matching(trainable, config.get("freeze", ()),
+    frozen = set(matching(trainable, config.freeze,
                           "optimizer.freeze (over trainable variables)"))
     if frozen:
         logging.info("optimizer.freeze: %d variables get no updates: %s", len(frozen),
@@ -72,8 +71,7 @@ def build_optimizer(config, train_steps, step=None, trained=None):
     if trained is not None:
         if config.name == "adamw":
             # Generic defaults: a pattern that matches nothing here is no error.
-            excluded = matching(trained, config.get("weight_decay_exclude",
-                                                    WEIGHT_DECAY_EXCLUDE),
+            excluded = matching(trained, config.weight_decay_exclude,
                                 "optimizer.weight_decay_exclude", required=False)
             logging.info("AdamW decays %d variables, not these %d (optimizer."
                          "weight_decay_exclude): %s", len(trained) - len(excluded),
@@ -84,7 +82,7 @@ def build_optimizer(config, train_steps, step=None, trained=None):
 
 
 def _keras_optimizer(config, lr):
-    ema_decay = check_ema_decay(config.get("ema_decay", 0.0))
+    ema_decay = check_ema_decay(config.ema_decay)
     ema = dict(use_ema=True, ema_momentum=ema_decay) if ema_decay else {}  # see trainer/step/ema.py
     if config.name == "adam":
         return keras.optimizers.Adam(lr, **ema)

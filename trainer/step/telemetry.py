@@ -1,5 +1,5 @@
 """Numerics telemetry: statistics recorded inside the compiled step every
-`numerics.every` steps (`trainer/outputs/numerics.py` writes them under `numerics/` in
+`numerics.every` steps (`trainer/actions/numerics_log.py` writes them under `numerics/` in
 TensorBoard and reports the layers at risk at the end of the run).
 
 Gradient statistics come from the gradients the step already has (after the

@@ -89,11 +89,11 @@ class Trainer(TrainStep):
         check_trainer_config(config.trainer)
         # An optimizer step reads `accumulation_steps` micro-batches of global_batch_size.
         self.accumulation_steps = check_accumulation_steps(
-            config.trainer.get("accumulation_steps", 1))
+            config.trainer.accumulation_steps)
         self.examples_per_step = self.global_batch_size * self.accumulation_steps
-        self.per_step_summaries = bool(config.trainer.get("per_step_summaries", False))
+        self.per_step_summaries = bool(config.trainer.per_step_summaries)
         self.clip_norm = config.optimizer.clip_norm
-        self.all_reduce_dtype = config.distribution.get("all_reduce_dtype", "float32")
+        self.all_reduce_dtype = config.distribution.all_reduce_dtype
         if config.trainer.deterministic:
             # With the step-derived input order of the tasks, this makes a resumed
             # run bitwise equal to an uninterrupted one (on CPU; slower kernels).
@@ -159,10 +159,10 @@ class Trainer(TrainStep):
     # ------------------------------------------------------- called by the host
 
     def train(self, evaluate=True, actions=()):
-        """A convenience for `trainer.assemble.train(self, evaluate, actions)`: trains to
-        `train_steps` with the actions the config asks for; returns the last eval."""
-        from trainer import assemble  # the assembly builds on the Trainer, not the reverse
-        return assemble.train(self, evaluate, actions)
+        """A convenience for `trainer.modes.train.train(self, evaluate, actions)`: trains
+        to `train_steps` with the actions the config asks for; returns the last eval."""
+        from trainer.modes import train  # the modes build on the Trainer, not the reverse
+        return train.train(self, evaluate, actions)
 
     def distributed_dataset(self, split):
         """Per-replica batches; train starts at the current (restored) step, in

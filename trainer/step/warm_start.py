@@ -126,8 +126,8 @@ def _legacy_values(path, build_model):
 def warm_start(config, variables, build_model, files, workdir):
     """Loads `config.init` into `variables` ({name: variable}); returns the table's
     record, or None without `init.checkpoint`. Nothing is changed on an error."""
-    init = config.get("init")
-    if not init or not init.checkpoint:
+    init = config.init
+    if not init.checkpoint:
         return None
     variables = _weights(variables)
     include = matching(variables, init.include, "init.include")

@@ -19,8 +19,8 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.io import gfile
 
-from trainer.loop.actions import Action
-from trainer.outputs import best as best_lib
+from trainer.loop.action import Action
+from trainer.actions import best_checkpoint as best_lib
 from trainer.runtime.keras_internals import sublayers
 from trainer.runtime.precision import check_float32_layers
 from trainer.state.checkpoints import (IncompatibleCheckpointError, check_fits, make_checkpoint,

@@ -28,9 +28,11 @@ from absl import logging
 
 from trainer.runtime.distribute import is_chief
 from trainer.runtime.host import available_memory_bytes
+from trainer.runtime.precision import set_policy
 from trainer.runtime.settings import check_number
 from trainer.state.workdir import ChiefFiles
 from trainer.step.trainer import Trainer
+from trainer.task import get_task
 
 
 def check_find_batch_size(f):
@@ -42,6 +44,11 @@ def check_find_batch_size(f):
                              f"{minimum}.")
     check_number(f.memory_budget_gb, "find_batch_size.memory_budget_gb",
                  "0: none on a GPU or TPU, half the available memory on a CPU")
+
+
+def run(config, strategy, workdir, summary):
+    set_policy(config.precision, strategy)
+    find_batch_size(config, strategy, workdir, get_task)
 
 
 def find_batch_size(config, strategy, workdir, make_task):

@@ -12,8 +12,8 @@ may be read again or not at all.
 
 On the machines that serve a run (each with this package installed and the data at the
 same paths):
-    python -m tasks.data_service --dispatcher --port=5050              # one machine
-    python -m tasks.data_service --dispatcher_address=HOST:5050 --port=5051  # each worker
+    python -m trainer.data.service --dispatcher --port=5050              # one machine
+    python -m trainer.data.service --dispatcher_address=HOST:5050 --port=5051  # each worker
 """
 
 import tensorflow as tf

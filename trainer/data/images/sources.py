@@ -2,10 +2,10 @@
 
 Each format is opened as a `Source`: N examples addressed by index, read by a graph
 function from a batch of int64 indices. That random access is what lets every format
-ride the step-indexed order of tasks/input_order.py (exact resume, each input pipeline
+ride the step-indexed order of trainer/data/order.py (exact resume, each input pipeline
 reading only its share, the same examples per global step on any topology).
 TFRecord files are read at their offsets through an index built at start
-(tasks/tfrecord_index.py). TFDS datasets are read through `tfds.data_source`
+(trainer/data/tfrecord_index.py). TFDS datasets are read through `tfds.data_source`
 (ArrayRecord) or, for the TFRecord file format, through the same index over the
 prepared files.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tasks.tfrecord_index import Index
+from trainer.data.tfrecord_index import Index
 
 gfile = tf.io.gfile
 

@@ -22,7 +22,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer.runtime import startup
-from trainer.loop.actions import Action
+from trainer.loop.action import Action
 from trainer.runtime import user_cache
 from trainer.runtime.host import cores, cpu_name
 from trainer.state.workdir import read_json

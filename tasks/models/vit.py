@@ -3,7 +3,7 @@
 import keras
 import tensorflow as tf
 
-from tasks.transformer import Block, blocks_train_flops
+from tasks.models.transformer import Block, blocks_train_flops
 
 
 class ViT(keras.Model):

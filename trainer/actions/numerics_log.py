@@ -8,7 +8,7 @@ import re
 
 from absl import logging
 
-from trainer.loop.actions import Action
+from trainer.loop.action import Action
 from trainer.step.telemetry import (FLOAT16_MAX, FLOAT16_TINY, LOG2_LOW, MIN_HEADROOM_BITS,
                                     MOSTLY_ZERO, layer_of)
 

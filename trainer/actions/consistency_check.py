@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer.loop.actions import Action
+from trainer.loop.action import Action
 from trainer.step.step_variables import SEED_STATE_NAME
 
 SHOWN = 5  # differing variables named (and measured) in the error
@@ -154,7 +154,7 @@ class ConsistencyCheck(Action):
 def consistency_check(trainer, actions):
     """The ConsistencyCheck `trainer.consistency_every` asks for (None if 0), guarding
     the `actions` that save or evaluate."""
-    interval = trainer.config.trainer.get("consistency_every", 0)
+    interval = trainer.config.trainer.consistency_every
     if not interval:
         return None
     return ConsistencyCheck(interval, [a for a in actions if a.kind in ("checkpoint", "eval")])

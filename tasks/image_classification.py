@@ -1,48 +1,71 @@
-"""Image classification over files: a folder per class, TFRecord shards or a TFDS dataset.
+"""Image classification over every image source: CIFAR-10's arrays, a folder per class,
+TFRecord shards or a TFDS dataset (`data.format`).
 
-The CIFAR task's models, augmentation and normalization on images of any count of
-classes, resized to `data.image_size`. Train batches follow the step-indexed order of
-tasks/input_order.py over the examples of tasks/image_sources.py: a resumed run reads
+Train batches follow the step-indexed order of trainer/data/order.py: a resumed run reads
 exactly what an uninterrupted one would, each input pipeline reads and decodes only its
 own replica batches (the start-up pass of data.cache or data.skip_bad reads them all),
-and the examples of a global step do not depend on the topology.
+and the examples of a global step do not depend on the topology. Images held in memory
+(CIFAR-10, data.cache) are gathered; files are read, checked and decoded per batch.
 """
 
+import keras
 import tensorflow as tf
 
-from tasks import cifar10, data_service, register
-from tasks.image_splits import image_splits, read_batch
-from tasks.input_order import step_indexed_indices
-from tasks.vit import vit_train_flops
+from tasks.models.cnn import resnet, seed_cnn
+from tasks.models.vit import vit, vit_train_flops
+from trainer.data import service as data_service
+from trainer.data.images.preprocess import (NORMALIZATIONS, augment_and_normalize, normalize,
+                                            normalize_fused, train_batches)
+from trainer.data.images.splits import image_splits, read_batch
+from trainer.data.order import step_indexed_indices
 from trainer.runtime.host import available_memory_bytes
+from trainer.task import Task, register
 
 AUTOTUNE = tf.data.AUTOTUNE
+MODELS = {"seed_cnn": seed_cnn, "resnet": resnet, "vit": vit}
+FORMATS = ("cifar10", "folder", "tfrecord", "tfds")
 
 
 @register("images")
-class ImagesTask(cifar10.Cifar10Task):
-    """Classifies images read from files; see configs/images.py."""
+class ImageClassificationTask(Task):
+    """Classifies images into data.num_classes classes; see configs/cifar.py and
+    configs/images.py."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        for field, value, known in (("model.name", config.model.name, MODELS),
+                                    ("data.format", config.data.format, FORMATS),
+                                    ("data.normalization", config.data.normalization,
+                                     NORMALIZATIONS)):
+            if value not in known:
+                raise ValueError(f"config.{field}={value!r} is unknown for task images; "
+                                 f"choose one of {sorted(known)}.")
+        self._data = None
 
     @property
     def data(self):
-        return image_splits(self.config.data)
+        """The splits, opened once per task (files: once per process)."""
+        if self._data is None:
+            self._data = image_splits(self.config.data)
+        return self._data
 
     def data_paths(self):
         c = self.config.data
-        return tuple(p for p in (c.train, c.eval) if p) if c.format != "tfds" else ()
+        return tuple(p for p in (c.train, c.eval) if p) if c.format in ("folder",
+                                                                        "tfrecord") else ()
 
     def describe_data(self):
         return self.data.describe()
 
     def build_model(self):
-        return cifar10.MODELS[self.config.model.name](
-            self.config.model, self.data.num_classes, self.config.data.image_size)
+        return MODELS[self.config.model.name](self.config.model, self.data.num_classes,
+                                              self.data.image_size)
 
     def flops_per_example(self):
+        """The ViT's by its formula; the CNNs' are counted on their graph."""
         if self.config.model.name != "vit":
             return None
-        return vit_train_flops(self.config.model, self.data.num_classes,
-                               self.config.data.image_size)
+        return vit_train_flops(self.config.model, self.data.num_classes, self.data.image_size)
 
     def build_inputs(self, split, input_context, start_step=0):
         c = self.config.data
@@ -54,13 +77,13 @@ class ImagesTask(cifar10.Cifar10Task):
         if split in self.data.arrays:
             images, labels = self.data.arrays[split]
             if split == "train":
-                return self._served(cifar10.train_batches(
+                return self._served(train_batches(
                     images, labels, batch_size, input_context, start_step, self.config.seed,
                     c.augment, c.normalization)).prefetch(AUTOTUNE)
             ds = tf.data.Dataset.from_tensor_slices((images, labels))
             ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
             return ds.batch(batch_size).map(
-                lambda x, y: (cifar10.normalize_fused(x, c.normalization), y),
+                lambda x, y: (normalize_fused(x, c.normalization), y),
                 AUTOTUNE).prefetch(AUTOTUNE)
         return self._read_and_decode(split, kept, batch_size, input_context, start_step)
 
@@ -82,28 +105,29 @@ class ImagesTask(cifar10.Cifar10Task):
                                         self.data.num_classes)
             if split == "train" and c.augment:
                 seed = tf.stack([tf.constant(self.config.seed, tf.int64), g])
-                return cifar10.augment_and_normalize(images, seed, c.normalization), labels
-            return cifar10.normalize_fused(images, c.normalization), labels
+                return augment_and_normalize(images, seed, c.normalization), labels
+            return normalize_fused(images, c.normalization), labels
 
         ds = ds.map(batch, AUTOTUNE)
         return (self._served(ds) if split == "train" else ds).prefetch(AUTOTUNE)
 
-    def _served(self, train_batches):
-        """Through the tf.data service if data.service is set (tasks/data_service.py)."""
+    def _served(self, batches):
+        """Through the tf.data service if data.service is set (trainer/data/service.py)."""
         c = self.config.data
         if not c.service:
-            return train_batches
-        if c.cache:
-            raise ValueError("data.cache=True leaves no decoding for data.service to take "
-                             "over (and would send the decoded images to every service "
-                             "worker): set one of them.")
+            return batches
+        if c.format == "cifar10" or c.cache:
+            raise ValueError(f"data.format={c.format}" + (" with data.cache=True" if c.cache
+                             else "") + " leaves no decoding for data.service to take over "
+                             "(and would send the decoded images to every service worker): "
+                             "unset one of them.")
         if self.data.source("train").python_reads and c.service != "local":
             raise ValueError(
                 f"data.service={c.service!r} runs the input pipeline on other machines, "
                 f"but {self.data.source('train').description} is read by Python code, "
                 "which a pipeline sent to them cannot hold: use data.format=folder, or "
                 "data.cache=True without the service.")
-        return data_service.distribute(train_batches, c)
+        return data_service.distribute(batches, c)
 
     def explain_input_error(self, error):
         """A decoder's error names no file: find the files that do not decode and name
@@ -125,8 +149,10 @@ class ImagesTask(cifar10.Cifar10Task):
         if c.service:
             return ("more tf.data service workers (data.service_workers, or workers on "
                     "other machines for data.service=grpc://...)")
-        if c.cache:
-            return cifar10.Cifar10Task.input_remedy(self)
+        if c.format == "cifar10" or c.cache:
+            return ("batches are gathered from memory; augmentation is the input work left: "
+                    "data.augment=False, or more cores for the input pipeline" if c.augment
+                    else "batches are gathered from memory: more cores for the input pipeline")
         gigabytes = len(self.data.kept("train")) * c.image_size**2 * 3 / 1e9
         if gigabytes < 0.25 * (available_memory_bytes() or 0) / 1e9:
             return f"data.cache=True decodes every image once into memory ({gigabytes:.2g} GB)"
@@ -137,13 +163,30 @@ class ImagesTask(cifar10.Cifar10Task):
         return ("data.service=grpc://host:port decodes on other machines (BUILD.md, 'Input "
                 f"pipelines'); the decoded images ({gigabytes:.0f} GB) are too many to cache")
 
+    def display_images(self, features):
+        shift, scale = NORMALIZATIONS[self.config.data.normalization]
+        return tf.clip_by_value((features * scale + shift) / 255.0, 0.0, 1.0)
+
     def serving_input(self):
-        """uint8 images of any size, resized as in training."""
+        """uint8 images: CIFAR-10's 32x32, or of any size, resized as in training."""
         c = self.config.data
+        if c.format == "cifar10":
+            return (tf.TensorSpec([None, 32, 32, 3], tf.uint8, name="images"),
+                    lambda images: normalize(images, c.normalization))
 
         def features(images):
             resized = tf.image.resize(images, [c.image_size, c.image_size])
-            return cifar10.normalize(tf.clip_by_value(tf.round(resized), 0, 255),
+            return normalize(tf.clip_by_value(tf.round(resized), 0, 255),
                                      c.normalization)
 
         return tf.TensorSpec([None, None, None, 3], tf.uint8, name="images"), features
+
+    def compute_loss(self, labels, outputs):
+        return keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
+
+    def build_metrics(self):
+        return [keras.metrics.SparseCategoricalAccuracy("accuracy")]
+
+    def update_metrics(self, metrics, labels, outputs):
+        for metric in metrics:
+            metric.update_state(labels, outputs)

@@ -22,9 +22,11 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from trainer.runtime.precision import set_policy
 from trainer.runtime.summaries import Summaries
 from trainer.state.workdir import ChiefFiles
 from trainer.step.trainer import Trainer
+from trainer.task import get_task
 
 SMOOTHING = 0.98  # the moving average's decay, as fastai and Lightning use
 CHUNK = 10  # steps per compiled call between divergence checks
@@ -39,6 +41,11 @@ def check_find_lr(f):
     if not f.diverge > 1:
         raise ValueError(f"find_lr.diverge={f.diverge!r} must be > 1 (times the lowest "
                          "smoothed loss).")
+
+
+def run(config, strategy, workdir, summary):
+    set_policy(config.precision, strategy)
+    find_lr(config, get_task(config), strategy, workdir)
 
 
 def find_lr(config, task, strategy, workdir):

@@ -7,14 +7,17 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tasks import image_decode, image_sources
+from trainer.data.images import cifar10, decode as image_decode, sources as image_sources
 
 AUTOTUNE = tf.data.AUTOTUNE
 _OPENED = {}  # data config (JSON) -> ImageSplits: the finders build many tasks of one run
 
 
 def image_splits(data):
-    """The ImageSplits of `data` (config.data), shared by the tasks of this process."""
+    """The splits of `data` (config.data): CIFAR-10's arrays (data.format=cifar10, loaded
+    for each call), or the ImageSplits of files, shared by the tasks of this process."""
+    if data.format == "cifar10":
+        return ArraySplits(cifar10.load(data), data.image_size)
     key = json.dumps(data.to_dict(), sort_keys=True, default=str)
     if key not in _OPENED:
         _OPENED[key] = ImageSplits(data)
@@ -33,12 +36,37 @@ def read_batch(source, examples, data, num_classes):
                                 names, num_classes)
 
 
+class ArraySplits:
+    """Splits decoded in memory when loaded (CIFAR-10's arrays): nothing to open or scan."""
+
+    def __init__(self, loaded, image_size):
+        self.arrays = {"train": (loaded.train_images, loaded.train_labels),
+                       "eval": (loaded.test_images, loaded.test_labels)}
+        self.num_classes, self.image_size = 10, loaded.train_images.shape[1]
+        if image_size != self.image_size:
+            raise ValueError(f"data.image_size={image_size}, but CIFAR-10's images are "
+                             f"{self.image_size}x{self.image_size}: set "
+                             f"--config.data.image_size={self.image_size}.")
+        self.description = loaded.source
+        logging.info("Data: %s (%d train, %d test images).", loaded.source,
+                     len(loaded.train_labels), len(loaded.test_labels))
+
+    def kept(self, split):
+        return np.arange(len(self.arrays[split][1]))
+
+    def opened(self):
+        return []
+
+    def describe(self):
+        return self.description
+
+
 class ImageSplits:
     """Sources, the examples kept (all, or the readable ones with data.skip_bad), the
     class count and, with data.cache, the decoded arrays."""
 
     def __init__(self, data):
-        self.config = data
+        self.config, self.image_size = data, data.image_size
         self._sources, self._kept, self.arrays = {}, {}, {}
         self.skipped = {}  # split -> unreadable files left out (data.skip_bad)
 

@@ -7,8 +7,8 @@ import math
 
 import tensorflow as tf
 
-from tasks.base import Task
-from trainer.loop.actions import Action
+from trainer.task import Task
+from trainer.loop.action import Action
 
 MAX_IMAGES = 64
 

@@ -13,7 +13,7 @@ import os
 import tensorflow as tf
 from absl import logging
 
-from trainer.loop.actions import Action
+from trainer.loop.action import Action
 
 
 def check_profile_steps(profile_steps, train_steps):

@@ -1,9 +1,41 @@
-"""The Task interface: everything model-specific the Trainer needs."""
+"""The Task contract: everything model-specific the Trainer needs, and the registry
+that maps `config.task.name` to a Task class. A task of your own imports only this
+module (and the data layer, `trainer.data`), never the built-in `tasks` package."""
 
 import abc
+import importlib
 
 import keras
 import tensorflow as tf
+
+from trainer.runtime.plugins import import_module
+
+_REGISTRY = {}
+BUILT_IN = "tasks"  # the package whose modules register the shipped tasks
+
+
+def register(name):
+    """Class decorator adding a Task under `name`."""
+    def add(cls):
+        if name in _REGISTRY:
+            raise ValueError(f"Task {name!r} is registered twice.")
+        _REGISTRY[name] = cls
+        return cls
+    return add
+
+
+def get_task(config):
+    """Builds the task named by `config.task.name`, importing `config.task.module` first
+    (a Task of the user's own registers itself on import) and the built-in tasks."""
+    importlib.import_module(BUILT_IN)
+    if config.task.module:
+        import_module(config.task.module, "config.task.module")
+    name = config.task.name
+    if name not in _REGISTRY:
+        raise ValueError(f"Unknown task {name!r} (config.task.name). Known tasks: "
+                         f"{', '.join(sorted(_REGISTRY))}. A task of your own: set "
+                         "config.task.module to the module that registers it.")
+    return _REGISTRY[name](config)
 
 
 class Task(abc.ABC):
@@ -89,6 +121,12 @@ class Task(abc.ABC):
         """A short text the model generates, written to TensorBoard at each evaluation,
         or None."""
         return None
+
+    def generate(self, model, prompt=None):
+        """The text `model` generates from `prompt` (a str; None: the task's configured
+        prompt), for `--mode=sample`. Tokenizing and sampling are the task's."""
+        raise NotImplementedError(f"{type(self).__name__} does not generate text "
+                                  "(--mode=sample is for language models).")
 
     def input_remedy(self):
         """What to change when the log says the run is input-bound (waiting on data)."""

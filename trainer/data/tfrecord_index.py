@@ -3,7 +3,7 @@ reader of byte ranges.
 
 A TFRecord file is a sequence of (8-byte length, 4-byte CRC, data, 4-byte CRC) with no
 index of its own, and TensorFlow has no op that reads a byte range of a file; both are
-here so that TFRecords ride the step-indexed order (tasks/input_order.py) as files in
+here so that TFRecords ride the step-indexed order (trainer/data/order.py) as files in
 a folder do.
 """
 

@@ -14,12 +14,26 @@ import time
 import tensorflow as tf
 from absl import logging
 
+from trainer.actions import Evaluate, best_checkpoint
+from trainer.loop.controller import Controller
+from trainer.runtime.precision import set_policy
 from trainer.runtime.settings import check_number
 from trainer.state.checkpoint_state import latest_checkpoint, listed_checkpoints, number
 from trainer.state.workdir import read_json
+from trainer.step.trainer import Trainer
+from trainer.task import get_task
 
 STATE = "continuous_eval.json"
 POLL_SECONDS = 1.0  # as tf.train.checkpoints_iterator
+
+
+def run(config, strategy, workdir, summary):
+    set_policy(config.precision, strategy)
+    trainer = Trainer(config, get_task(config), strategy, workdir)
+    check(trainer)
+    evaluate, best = Evaluate(0), best_checkpoint(trainer)
+    loop = Controller(trainer, [a for a in (evaluate, best) if a])
+    continuous_eval(loop, evaluate, best, summary)
 
 
 def check(trainer):

@@ -16,7 +16,7 @@ import re
 import tensorflow as tf
 from absl import logging
 
-from trainer.loop.actions import Action
+from trainer.loop.action import Action
 from trainer.state.workdir import read_json
 
 RECORD = "best.json"

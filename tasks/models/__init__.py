@@ -1,0 +1,1 @@
+"""The built-in models, apart from the tasks that train them."""

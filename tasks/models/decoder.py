@@ -1,0 +1,37 @@
+"""A decoder-only transformer language model."""
+
+import keras
+import tensorflow as tf
+
+from tasks.models.transformer import Block
+
+
+class DecoderLM(keras.Model):
+    """Token embeddings + learned positions -> causal Blocks -> LayerNorm -> float32
+    logits over the vocabulary (tied to the embeddings unless `tie_embeddings=False`)."""
+
+    def __init__(self, vocab_size, seq_len, num_layers, d_model, num_heads, mlp_dim,
+                 dropout=0.0, tie_embeddings=True, remat=False, **kwargs):
+        super().__init__(**kwargs)
+        self.seq_len, self.tie_embeddings = seq_len, tie_embeddings
+        self.embed = keras.layers.Embedding(vocab_size, d_model)
+        self.positions = keras.layers.Embedding(seq_len, d_model)
+        self.dropout = keras.layers.Dropout(dropout)
+        self.blocks = [Block(d_model, num_heads, mlp_dim, dropout, causal=True, remat=remat)
+                       for _ in range(num_layers)]
+        self.ln = keras.layers.LayerNormalization(epsilon=1e-5)
+        self.head = None if tie_embeddings else keras.layers.Dense(vocab_size, use_bias=False)
+
+    def call(self, tokens, training=False):
+        length = tf.shape(tokens)[1]
+        x = self.embed(tokens)
+        x = x + tf.cast(self.positions(tf.range(length)), x.dtype)[tf.newaxis]
+        x = self.dropout(x, training=training)
+        for block in self.blocks:
+            x = block(x, training=training)
+        x = self.ln(x)
+        if self.tie_embeddings:
+            logits = tf.matmul(x, tf.cast(self.embed.embeddings, x.dtype), transpose_b=True)
+        else:
+            logits = self.head(x)
+        return tf.cast(logits, tf.float32)

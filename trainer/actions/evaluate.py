@@ -1,0 +1,23 @@
+"""Evaluate: one pass over the eval split."""
+
+import sys
+
+from trainer.loop.action import Action
+
+
+class Evaluate(Action):
+    """One pass over the eval split: `eval/` summaries at the step and `logs["eval/..."]`."""
+
+    kind = "eval"
+
+    def __init__(self, every):
+        self.every = every
+
+    def __call__(self, controller, step, logs):
+        # (per-batch calls on one worker and one compiled pass on the others would not
+        # match their collectives under MultiWorkerMirroredStrategy)
+        results = controller.trainer.evaluate(progress=sys.stdout.isatty() and
+                                              not controller.multi_worker)
+        controller.summaries.scalars("eval", results, step)
+        logs.update({f"eval/{k}": v for k, v in results.items()})
+        controller.last_eval = results
