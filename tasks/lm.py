@@ -63,7 +63,8 @@ class ByteLMTask(Task):
     def build_model(self):
         m = self.config.model
         model = DecoderLM(VOCAB, m.seq_len, m.num_layers, m.d_model, m.num_heads, m.mlp_dim,
-                          m.dropout, m.tie_embeddings, m.remat)
+                          m.dropout, m.tie_embeddings, m.remat,
+                          name="byte_lm")  # the variable names its checkpoints hold
         model(tf.zeros((1, m.seq_len), tf.int32))
         return model
 

@@ -15,7 +15,7 @@ from conftest import build, checkpoint_steps, scalars, tiny_config
 from trainer import cli
 from trainer.modes.train import controller as Controller
 from trainer.loop.action import Action
-from trainer.loop import jit_choice
+from trainer.actions import jit_choice
 from trainer.state.workdir_lock import LOCK_NAME, WorkdirLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

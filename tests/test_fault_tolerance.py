@@ -145,7 +145,7 @@ def test_train_input_resumes_at_the_step(tmp_path):
         np.testing.assert_array_equal(y0, y3)
     epoch = np.concatenate([y for _, y in task.build_inputs("train", ctx).take(
         1024 // 4).as_numpy_iterator()])
-    assert np.array_equal(np.sort(epoch), np.sort(task.data.train_labels))  # a permutation
+    assert np.array_equal(np.sort(epoch), np.sort(task.data.arrays["train"][1]))  # a permutation
 
 
 MODELS_WITH_STATE = {

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import zoo
 from conftest import build, tiny_config, two_replicas
-from trainer.loop import jit_choice as jit_choice_loop
+from trainer.actions import jit_choice as jit_choice_loop
 from trainer.runtime import settings as jit_choice
 
 

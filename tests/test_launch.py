@@ -95,7 +95,7 @@ def test_a_read_only_mode_on_a_mistyped_workdir_creates_nothing(tmp_path, mode):
 
 
 def test_unknown_task_lists_known_ones():
-    with pytest.raises(ValueError, match=r"Unknown task 'cifar100'.*Known tasks: cifar10"):
+    with pytest.raises(ValueError, match=r"Unknown task 'cifar100'.*Known tasks: images, lm"):
         get_task(tiny_config(**{"task.name": "cifar100"}))
 
 

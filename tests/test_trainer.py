@@ -83,12 +83,12 @@ def test_eval_sees_every_example_once_with_two_replicas(tmp_path):
     results = trainer.evaluate()
     assert results["num_examples"] == 103
 
-    data = trainer.task.data
-    images = normalize(data.test_images, config.data.normalization)
+    test_images, test_labels = trainer.task.data.arrays["eval"]
+    images = normalize(test_images, config.data.normalization)
     logits = trainer.model(images, training=False).numpy()
     expected_loss = keras.losses.sparse_categorical_crossentropy(
-        data.test_labels, logits, from_logits=True).numpy().mean()
-    expected_accuracy = (logits.argmax(-1) == data.test_labels).mean()
+        test_labels, logits, from_logits=True).numpy().mean()
+    expected_accuracy = (logits.argmax(-1) == test_labels).mean()
     np.testing.assert_allclose(results["loss"], expected_loss, rtol=1e-5)
     np.testing.assert_allclose(results["accuracy"], expected_accuracy, rtol=1e-6)
     assert trainer.evaluate() == results  # a second pass counts the same examples again
