@@ -61,7 +61,8 @@ def get_config():
         clip_norm=0.0,             # > 0: clip by the global norm of the reduced gradients
         ema_decay=0.0,             # > 0 (e.g. 0.999): keep an EMA of the weights (eval.use_ema)
         weight_decay=1e-4,         # adamw only
-        # adamw: variables not decayed (regexes over variable names, docs/checkpoints.md)
+        # adamw: variables not decayed (regexes over variable names,
+        # docs/checkpoints.md#variable-names)
         weight_decay_exclude=WEIGHT_DECAY_EXCLUDE,
         freeze=(),                 # regexes over variable names: no updates, no slots
         momentum=0.9, nesterov=True))  # sgd only
@@ -80,7 +81,7 @@ def get_config():
         cluster="tf_config", port_base=8888,
         # the gradients' all-reduce: auto | ring | nccl (multi_worker's implementation),
         # bytes_per_pack (0: one pack), all_reduce_dtype float32 | bfloat16 (half the bytes
-        # moved, a coarser sum; the update stays float32). docs/multi_worker.md.
+        # moved, a coarser sum; the update stays float32). docs/multi_worker.md#the-all-reduce.
         all_reduce="auto", bytes_per_pack=0, all_reduce_dtype="float32",
         collective_timeout_seconds=600))  # multi_worker: a peer silent this long is an error
 
@@ -105,7 +106,7 @@ def get_config():
                                    # 0: 100 with float16 loss scaling, else 1
         # > 0: every this many steps, and before every save and evaluation, check that all
         # replicas (on every worker) hold the same variables; stop if not
-        # (docs/multi_worker.md)
+        # (docs/multi_worker.md#workers-that-drift-apart)
         consistency_every=0,
         log_every=50,
         deterministic=False,       # True: deterministic ops, so a resumed run is bitwise exact
@@ -128,7 +129,8 @@ def get_config():
     c.eval = ml_collections.ConfigDict(dict(timeout_seconds=3600, use_ema=True))
 
     # Your own actions at loop boundaries, by name: dict(action="my_actions.PrintLoss",
-    # every=100, **keyword arguments of the class or function). docs/add_an_action.md.
+    # every=100, **keyword arguments of the class or function);
+    # docs/add_an_action.md#name-it-in-the-config.
     c.actions = ml_collections.ConfigDict()
 
     # SavedModel for serving in workdir/export/<step>/, by --mode=export or (enabled) at

@@ -53,7 +53,8 @@ def get_config():
         # Files: "": off; "local": a tf.data service inside this process (a dispatcher and
         # service_workers workers; for tests; their gRPC ports listen on every interface,
         # README 'Security'); "grpc://host:port": a running dispatcher
-        # (python -m trainer.data.service). docs/data.md says which guarantees change.
+        # (python -m trainer.data.service). Which guarantees change:
+        # docs/data.md#the-tfdata-service.
         service="", service_workers=2))
     c.trainer.update(train_steps=10 * TRAIN_EXAMPLES // 512,  # about 10 epochs
                      best_metric="eval/accuracy", best_mode="max")

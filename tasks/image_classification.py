@@ -159,9 +159,10 @@ class ImageClassificationTask(Task):
         if self.data.source("train").python_reads:
             return (f"the decoded images ({gigabytes:.0f} GB) are too many to cache; as a "
                     "class folder, data.service=grpc://host:port could decode them on other "
-                    "machines (BUILD.md, 'Input pipelines')")
-        return ("data.service=grpc://host:port decodes on other machines (BUILD.md, 'Input "
-                f"pipelines'); the decoded images ({gigabytes:.0f} GB) are too many to cache")
+                    "machines (docs/data.md#the-tfdata-service)")
+        return ("data.service=grpc://host:port decodes on other machines "
+                "(docs/data.md#the-tfdata-service); the decoded images "
+                f"({gigabytes:.0f} GB) are too many to cache")
 
     def display_images(self, features):
         shift, scale = NORMALIZATIONS[self.config.data.normalization]

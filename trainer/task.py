@@ -95,7 +95,7 @@ class Task(abc.ABC):
         features) for `--mode=export`, e.g. uint8 images and the normalization."""
         raise NotImplementedError(
             f"{type(self).__name__} does not define serving_input(), so it cannot be "
-            "exported; see BUILD.md, 'Exporting for serving'.")
+            "exported; see docs/export.md#the-signature.")
 
     def flops_per_example(self):
         """FLOPs of one example's forward and backward pass, for MFU (trainer/step/flops.py);
@@ -132,7 +132,7 @@ class Task(abc.ABC):
         """What to change when the log says the run is input-bound (waiting on data)."""
         return ("more parallel work in build_inputs (map with num_parallel_calls=AUTOTUNE), "
                 "cache() what does not change between epochs, or the tf.data service "
-                "(BUILD.md, 'Input pipelines')")
+                "(docs/data.md#the-tfdata-service)")
 
     def explain_input_error(self, error):
         """An exception that says which input broke the run (a file, a record), for an

@@ -51,7 +51,8 @@ class Block(keras.layers.Layer):
     def _gelu(self, h):
         """GELU in float32, back in the compute dtype. On CPU, TensorFlow's bfloat16
         elementwise kernels (Erfc, Mul) convert element by element and run slower than
-        float32: the two casts cost less (BUILD.md, "Performance"), and float32 is
+        float32: the two casts cost less
+        (docs/performance.md#why-bf16-gains-little-for-the-transformers-here), and float32 is
         the accurate side for every precision."""
         gelu = tf.nn.gelu(tf.cast(h, tf.float32), approximate=False)
         return tf.cast(gelu, self.mlp_out.compute_dtype)

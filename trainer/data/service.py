@@ -2,7 +2,7 @@
 bottleneck: `data.service` = "local" (a dispatcher and workers inside the training
 process, sharing its cores: for tests; its gRPC ports still listen on every interface)
 or "grpc://host:port" (a running dispatcher whose
-workers run on other machines; BUILD.md, "Input pipelines", shows how to start them).
+workers run on other machines; docs/data.md#the-tfdata-service shows how to start them).
 
 Dynamic sharding hands each replica batch of the step-indexed stream to one worker:
 every batch is read at most once (a worker that dies loses those it held), so every

@@ -235,7 +235,8 @@ def check_fits(path, named, saved, version):
         raise IncompatibleCheckpointError(
             f"Checkpoint {path} has the checkpoint layout {version} of tftrainer 0.1 (Keras' "
             f"own object graph), which this version ({LAYOUT_VERSION}: every variable by "
-            "name, see BUILD.md) does not resume. Finish that run with tftrainer 0.1, or "
+            "name, see docs/checkpoints.md#strict-restore) does not resume. Finish that run "
+            "with tftrainer 0.1, or "
             f"start a new --workdir from its weights with --config.init.checkpoint={path}. "
             "Nothing was changed.")
     found = {"missing": [], "unexpected": [], "mismatched": []}

@@ -48,7 +48,7 @@ def without_autotune_thread(dataset):
     waits for until its next optimization period: 6 to 17 s after the last step of a
     run here, in 2 runs of 3. Without it a map's AUTOTUNE parallelism is the cores' and
     a prefetch buffer still grows while the step waits for it (prefetch's own tuner):
-    as fast here (BUILD.md, "Input pipelines")."""
+    as fast here (docs/data.md#without-tfdatas-autotuning-model)."""
     options = tf.data.Options()
     options.autotune.enabled = False
     return dataset.with_options(options)
