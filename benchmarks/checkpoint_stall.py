@@ -13,6 +13,7 @@ for the CPU included. Also the time of the `save()` call alone. Median and
 min-max over `--repeats` rounds.
 """
 
+import contextlib
 import json
 import os
 import statistics
@@ -27,6 +28,7 @@ flags.DEFINE_integer("steps", 20, "Steps per compiled chunk.")
 flags.DEFINE_integer("chunks", 5, "Chunks (and saves) per round.")
 flags.DEFINE_integer("repeats", 3, "Rounds per mode.")
 flags.DEFINE_string("out", "bench_stall", "Output directory.")
+flags.DEFINE_bool("tiny", False, "A tiny model and corpus: checks the harness, measures nothing.")
 
 MODES = ("none", "off", "on")
 
@@ -35,15 +37,22 @@ def build(mode, workdir):
     import keras
     import tensorflow as tf
 
-    import configs.cifar
+    import configs.cifar_resnet
     import configs.lm
     from trainer.task import get_task
     from trainer import Trainer
     from trainer.runtime.precision import set_policy
-    config = (configs.lm if FLAGS.config == "lm" else configs.cifar).get_config()
+    config = (configs.lm if FLAGS.config == "lm" else configs.cifar_resnet).get_config()
     if FLAGS.config == "resnet":
-        config.model.name = "resnet"
         config.data.source = "synthetic"
+    if FLAGS.tiny:
+        config.data.global_batch_size = 8
+        if FLAGS.config == "lm":
+            config.model.update(seq_len=16, num_layers=1, d_model=16, num_heads=2, mlp_dim=32)
+            config.data.max_bytes = 100_000
+        else:
+            config.model.update(width=4, blocks_per_stage=1)
+            config.data.update(synthetic_train_size=64, synthetic_test_size=16)
     config.distribution.strategy = "default"
     config.trainer.async_checkpoint = "on" if mode == "on" else "off"
     config.trainer.max_to_keep = 2
@@ -57,8 +66,9 @@ def main(argv):
     import tensorflow as tf
     os.makedirs(FLAGS.out, exist_ok=True)
     runs = {}
+    workdirs = contextlib.ExitStack()  # removed at the end
     for mode in MODES:
-        trainer = build(mode, tempfile.mkdtemp())
+        trainer = build(mode, workdirs.enter_context(tempfile.TemporaryDirectory()))
         iterator = iter(trainer.distributed_dataset("train"))
         steps = tf.constant(FLAGS.steps, tf.int64)
         trainer.train_loop(iterator, steps)  # compile
@@ -91,6 +101,9 @@ def main(argv):
             "stall_seconds_per_checkpoint": round(statistics.median(stalls), 4),
             "stall_min_max": [round(min(stalls), 4), round(max(stalls), 4)],
             "save_call_seconds": round(statistics.median(save_calls[mode]), 4)}
+    for trainer, _, _ in runs.values():
+        trainer.checkpoints.sync()
+    workdirs.close()
     with open(os.path.join(FLAGS.out, "results.json"), "w") as f:
         json.dump(result, f, indent=2)
     print(json.dumps(result, indent=2))
