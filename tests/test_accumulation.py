@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import build, scalars, tiny_config, two_replicas
-from test_replica_consistency import (assert_next_step_applies_alike, data, make_trainer,
-                                      replica_weights)
+from support import build, scalars, tiny_config, two_replicas
+from support.array_task import (assert_next_step_applies_alike, data, make_trainer,
+                                replica_weights)
 
 STEPS, K = 3, 4
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import tensorflow as tf
 
-from conftest import build, checkpoint_steps, tiny_config
+from support import build, checkpoint_steps, tiny_config
 from trainer.modes import continuous_eval as evaluator
 from trainer.state import checkpoint_state
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import tiny_config
+from support import tiny_config
 from trainer.data.images import cifar10 as cifar10_data
 
 

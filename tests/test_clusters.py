@@ -9,10 +9,9 @@ import sys
 
 import yaml
 
-from conftest import checkpoint_steps
+from support import ROOT, checkpoint_steps
 from trainer.runtime import local_workers
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config=configs/cifar.py", "--config.data.source=synthetic",
         "--config.precision=float32", "--config.data.global_batch_size=16",
         "--config.data.synthetic_train_size=256", "--config.data.synthetic_test_size=32",
@@ -37,7 +36,7 @@ def test_local_workers_run_a_cluster_and_the_check_names_a_worker_that_drifts(tm
     """Two workers of one command train in step until the last one's copy of a variable is
     changed at step 5; the consistency check stops both at step 10, keeping ckpt-5."""
     (tmp_path / "drift.py").write_text(DRIFT_CONFIG)
-    shutil.copy(os.path.join(ROOT, "tests", "replica_drift.py"), tmp_path)
+    shutil.copy(os.path.join(ROOT, "tests", "support", "replica_drift.py"), tmp_path)
     run = subprocess.run([sys.executable, "launch.py", "--local_workers=2",
                           f"--config={tmp_path}/drift.py", *TINY[1:],
                           "--config.trainer.consistency_every=5",
@@ -160,7 +159,7 @@ def test_gradients_all_reduced_in_bfloat16_train_as_float32_ones_do(tmp_path):
     """Half the bytes on the wire: a coarser sum (not bitwise the float32 one), the same
     training to bfloat16's precision."""
     import numpy as np
-    from conftest import build, tiny_config, two_replicas
+    from support import build, tiny_config, two_replicas
     runs = {}
     for dtype in ("float32", "bfloat16"):
         trainer = build(tiny_config(**{"distribution.all_reduce_dtype": dtype,
@@ -176,7 +175,7 @@ def test_an_overflow_all_reduced_in_bfloat16_still_arrives_as_inf():
     """So the loss scale's finiteness check, after the all-reduce, still sees it."""
     import numpy as np
     import tensorflow as tf
-    from conftest import two_replicas
+    from support import two_replicas
     from trainer.runtime.distribute import sum_over_replicas
     strategy = two_replicas()
 

@@ -8,11 +8,10 @@ import sys
 import pytest
 import tensorflow as tf
 
-import image_data
 from trainer.task import get_task
-from conftest import build, tiny_config
-from test_image_files import files_config
-from test_transformers import tiny_lm
+from support import build, image_data, tiny_config
+from support.image_data import files_config
+from support.lm import tiny_lm
 from trainer import assemble
 from trainer.modes import continuous_eval as evaluator
 from trainer.runtime.distribute import build_strategy

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from conftest import build, checkpoint_steps, tiny_config, two_replicas
-from replica_drift import OneReplicaDrifts
+from support import build, checkpoint_steps, tiny_config, two_replicas
+from support.replica_drift import OneReplicaDrifts
 from trainer.modes import train as train_mode
 from trainer.actions.consistency_check import ConsistencyCheck, ReplicasDiverged
 

@@ -11,14 +11,12 @@ import time
 import pytest
 import tensorflow as tf
 
-from conftest import build, checkpoint_steps, scalars, tiny_config
+from support import ROOT, build, checkpoint_steps, scalars, tiny_config
 from trainer import cli
 from trainer.modes.train import controller as Controller
 from trainer.loop.action import Action
 from trainer.actions import jit_choice
 from trainer.state.workdir_lock import LOCK_NAME, WorkdirLock
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Record(Action):

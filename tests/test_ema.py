@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import build, tiny_config, two_replicas
-from test_replica_consistency import data, make_trainer, replica_weights
+from support import build, tiny_config, two_replicas
+from support.array_task import data, make_trainer, replica_weights
 from trainer.actions import export as export_lib
 from trainer.state.checkpoints import IncompatibleCheckpointError
 
@@ -151,7 +151,7 @@ def test_before_the_first_applied_update_the_ema_is_the_initial_weights(tmp_path
 
 
 def test_sample_mode_samples_from_the_ema_weights(tmp_path, capfdbinary):
-    from test_transformers import tiny_lm
+    from support.lm import tiny_lm
     from trainer import cli
     config = tiny_lm(tmp_path, **{"trainer.train_steps": 20, "trainer.steps_per_loop": 10,
                                   "trainer.checkpoint_every": 20, "optimizer.warmup_steps": 2,

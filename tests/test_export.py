@@ -13,8 +13,8 @@ import tensorflow as tf
 
 from trainer.task import get_task
 from trainer.data.images.preprocess import normalize
-from conftest import build, tiny_config
-from test_precision import tiny_lm_config
+from support import build, tiny_config
+from support.lm import tiny_lm_config
 from trainer.cli import execute
 from trainer.actions.export import export
 

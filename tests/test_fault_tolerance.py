@@ -14,13 +14,12 @@ import pytest
 import tensorflow as tf
 
 from trainer.task import get_task
-from conftest import build, checkpoint_steps, kill_relaunch_and_compare, tiny_config, two_replicas
+from support import (ROOT, build, checkpoint_steps, kill_relaunch_and_compare, tiny_config,
+                     two_replicas)
 from trainer import Trainer
 from trainer.state.checkpoints import IncompatibleCheckpointError
 from trainer.state.workdir import check_workdir
 from trainer.state.workdir_lock import WorkdirLock
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_sigterm_saves_and_relaunch_continues(tmp_path):
@@ -217,7 +216,7 @@ class BlocksInAList(keras.Model):
 
 
 def test_model_state_of_layers_in_a_list_is_checkpointed(tmp_path):
-    from test_precision import TwoHeads
+    from support.two_heads import TwoHeads
 
     class Task(TwoHeads):
         def build_model(self):

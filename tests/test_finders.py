@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from trainer.task import get_task
-from conftest import build, scalars, tiny_config
+from support import build, scalars, tiny_config
 from trainer import cli
 from trainer.modes.find_batch_size import find_batch_size
 from trainer.modes.find_lr import suggest

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import zoo  # noqa: F401  (registers the task)
-from conftest import build, tiny_config
-from test_transformers import tiny_lm
+from support import build, tiny_config, zoo  # (zoo registers its task)
+from support.lm import tiny_lm
 from trainer import Trainer
 from trainer.actions.export import choose_checkpoint
 from trainer.state.checkpoints import IncompatibleCheckpointError

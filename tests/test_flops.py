@@ -8,9 +8,9 @@ import tensorflow as tf
 from tensorflow.python.util import deprecation
 
 from trainer.task import get_task
-from conftest import build, scalars, tiny_config, two_replicas
+from support import build, scalars, tiny_config, two_replicas
 from tasks.lm import VOCAB
-from test_transformers import tiny_lm
+from support.lm import tiny_lm
 from trainer.runtime import host
 from trainer.step import flops
 

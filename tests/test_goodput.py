@@ -9,13 +9,11 @@ import types
 
 import pytest
 
-from conftest import build, scalars, tiny_config
+from support import ROOT, build, scalars, tiny_config
 from trainer.modes.train import controller as Controller
 from trainer.loop import goodput
 from trainer.loop.action import Action
 from trainer.loop.goodput import BUCKETS, LEDGER, Ledger, account
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class _KillAt(Action):
@@ -155,7 +153,7 @@ SLOW_INPUT_RUN = """
 import sys, time
 import tensorflow as tf
 from absl import logging
-from conftest import build, tiny_config
+from support import build, tiny_config
 logging.set_verbosity("info")
 config = tiny_config(**{"trainer.train_steps": 30, "trainer.steps_per_loop": 5,
                         "trainer.log_every": 10, "trainer.eval_every": 0,
@@ -176,7 +174,8 @@ trainer.train(evaluate=False)
 
 
 def test_an_input_bound_run_is_named_in_the_log_and_the_breakdown(tmp_path):
-    run = subprocess.run([sys.executable, "-c", SLOW_INPUT_RUN, str(tmp_path)], cwd=HERE,
+    run = subprocess.run([sys.executable, "-c", SLOW_INPUT_RUN, str(tmp_path)],
+                         cwd=os.path.join(ROOT, "tests"),
                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -14,14 +14,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import image_data
 from trainer.task import get_task
 from trainer.data.images import decode as image_decode, splits as image_splits
 from trainer import assemble
-from configs import images
-from conftest import build, kill_relaunch_and_compare, override
+from support import ROOT, build, image_data, kill_relaunch_and_compare, override
+from support.image_data import files_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMATS = ("folder", "tfrecord", "tfds_array_record", "tfds_tfrecord")
 pytestmark = pytest.mark.xdist_group("image_files")  # one test process writes the files
 
@@ -46,20 +44,6 @@ def digits_files(tmp_path_factory):
         out[f"tfds_{file_format}"] = dict(format="tfds", tfds_name=name, train="train",
                                           eval="test", tfds_data_dir=str(root / file_format))
     return out
-
-
-def files_config(data, **overrides):
-    """configs/images.py shrunk: 8px digits, the seed CNN, 20 steps of 32."""
-    c = images.get_config()
-    c.data.update(image_size=8, global_batch_size=32, augment=False,
-                  normalization="unit_range", **data)
-    c.model.name = "seed_cnn"
-    c.precision = "float32"
-    c.distribution.strategy = "default"
-    c.optimizer.update(name="adam", learning_rate=1e-3, schedule="constant", warmup_steps=0)
-    c.trainer.update(train_steps=20, steps_per_loop=5, log_every=5, eval_every=10,
-                     checkpoint_every=10, per_step_summaries=False, jit_compile="off")
-    return override(c, **overrides)
 
 
 def fingerprints(images):
@@ -334,7 +318,7 @@ def test_two_workers_read_what_one_process_reads_and_a_single_process_resumes(
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(
             {"cluster": cluster, "task": {"type": "worker", "index": i}}))
         procs.append(subprocess.Popen(
-            [sys.executable, os.path.join(ROOT, "tests", "multi_worker_files_main.py"),
+            [sys.executable, os.path.join(ROOT, "tests", "support", "multi_worker_files_main.py"),
              data_dir, str(tmp_path / "workers"), str(tmp_path / f"worker{i}.npz")],
             env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"w{i}.log", "w")))
     try:

@@ -16,7 +16,7 @@ import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from trainer.task import get_task
-from conftest import build, scalars, tiny_config
+from support import build, scalars, tiny_config
 
 pytestmark = pytest.mark.xdist_group("inspection")  # one test process makes the run
 

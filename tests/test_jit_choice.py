@@ -7,8 +7,7 @@ import re
 import pytest
 import tensorflow as tf
 
-import zoo
-from conftest import build, tiny_config, two_replicas
+from support import build, tiny_config, two_replicas, zoo
 from trainer.actions import jit_choice as jit_choice_loop
 from trainer.runtime import settings as jit_choice
 

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from trainer.task import get_task
-from conftest import scalars, tiny_config, two_replicas
+from support import scalars, tiny_config, two_replicas
 from trainer import Trainer
 from trainer.runtime.distribute import build_strategy, is_chief
 

@@ -1,4 +1,4 @@
-"""Models as users bring them (tests/zoo.py), on 2 replicas under mixed_bfloat16: each
+"""Models as users bring them (tests/support/zoo.py), on 2 replicas under mixed_bfloat16: each
 trains, resumes bitwise, exports and serves, and refuses a checkpoint of a variant."""
 
 import json
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import zoo  # noqa: F401  (registers the task)
-from conftest import build, two_replicas
+import support
+from support import build, two_replicas, zoo  # (zoo registers its task)
 from trainer.actions.export import export
 from trainer.runtime.precision import layers_of
 from trainer.state.model_build import build_model
@@ -151,10 +151,10 @@ def test_auto_named_weights_have_one_name_in_every_build(tmp_path, name):
     if name != "unnamed_weights":  # the guide's layers: a relaunch in a fresh process too
         return
     relaunch = subprocess.run([sys.executable, "-c", (
-        "import sys; sys.path.insert(0, sys.argv[1]); import zoo; from conftest import build;"
+        "import sys; sys.path.insert(0, sys.argv[1]); from support import build, zoo;"
         "t = build(zoo.zoo_config(sys.argv[2], **{'trainer.train_steps': 6}), sys.argv[3]);"
         "print('restored', t.restore(), sorted(t.variable_names))"),
-        os.path.dirname(__file__), name, str(run)], capture_output=True, text=True)
+        os.path.join(support.ROOT, "tests"), name, str(run)], capture_output=True, text=True)
     assert relaunch.returncode == 0, relaunch.stderr[-2000:]
     assert f"restored {run / 'checkpoints' / 'ckpt-4'} {sorted(trainer.variable_names)}" \
         in relaunch.stdout

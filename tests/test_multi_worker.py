@@ -11,8 +11,9 @@ import time
 import numpy as np
 
 from benchmarks.faults import free_ports
+from support import ROOT
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(ROOT, "tests", "support", "multi_worker_main.py")  # one worker's script
 
 
 def start_workers(workdir, out_dir, steps, *extra):
@@ -24,7 +25,7 @@ def start_workers(workdir, out_dir, steps, *extra):
                                                                       "index": i}}))
         log = open(os.path.join(out_dir, f"worker{i}.log"), "w")
         procs.append(subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "multi_worker_main.py"), str(workdir),
+            [sys.executable, WORKER, str(workdir),
              os.path.join(out_dir, f"worker{i}.npz"), str(steps), *extra],
             env=env, stdout=log, stderr=subprocess.STDOUT))
     return procs
@@ -73,8 +74,8 @@ def test_two_workers_learn_what_one_process_with_two_replicas_does(tmp_path):
     for i in range(2):  # the config's action ran on every worker at its steps
         assert open(tmp_path / f"worker{i}.npz.steps").read().split() == ["5", "10", "15", "20"]
 
-    from conftest import build, scalars, two_replicas
-    from multi_worker_main import worker_config
+    from support import build, scalars, two_replicas
+    from support.multi_worker_main import worker_config
     workers = np.load(tmp_path / "worker0.npz")
     workers = [workers[f"w{i}"] for i in range(len(workers.files) - 1)]
     workers_loss = np.array([v for _, v in scalars(workdir, "train")["loss"]])
@@ -114,8 +115,8 @@ def test_a_stop_asked_on_the_chief_alone_stops_every_worker_at_that_step(tmp_pat
     for log in logs:
         assert "Stopping at step 15: " in log
 
-    from conftest import build
-    from multi_worker_main import worker_config
+    from support import build
+    from support.multi_worker_main import worker_config
     config = worker_config(15)
     config.optimizer.ema_decay = 0.9
     one = build(config, tmp_path / "one_process")
@@ -158,7 +159,7 @@ def test_dead_worker_stops_the_other_and_relaunch_resumes(tmp_path):
 def test_sigterm_to_a_non_chief_worker_stops_every_worker_the_same_way(tmp_path):
     """Both workers save at the same step and exit 128+SIGTERM, without a traceback."""
     cluster = {"worker": [f"localhost:{p}" for p in free_ports(2)]}
-    args = [sys.executable, os.path.join(os.path.dirname(HERE), "launch.py"),
+    args = [sys.executable, os.path.join(ROOT, "launch.py"),
             "--config=configs/cifar.py", f"--workdir={tmp_path / 'wd'}", "--mode=train",
             "--config.distribution.strategy=multi_worker",
             "--config.distribution.collective_timeout_seconds=30",
@@ -171,7 +172,7 @@ def test_sigterm_to_a_non_chief_worker_stops_every_worker_the_same_way(tmp_path)
     for i in range(2):
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(
             {"cluster": cluster, "task": {"type": "worker", "index": i}}))
-        procs.append(subprocess.Popen(args, cwd=os.path.dirname(HERE), env=env,
+        procs.append(subprocess.Popen(args, cwd=ROOT, env=env,
                                       stdout=open(logs[i], "w"), stderr=subprocess.STDOUT))
     deadline = time.time() + 180
     while time.time() < deadline and "step 10/" not in logs[0].read_text():

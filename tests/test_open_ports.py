@@ -3,9 +3,8 @@
 import os
 import re
 
+from support import ROOT
 from trainer.data import service as data_service
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def listening_on_every_interface():

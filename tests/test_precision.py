@@ -7,27 +7,12 @@ import keras
 import pytest
 import tensorflow as tf
 
-from trainer.task import Task
-from conftest import build, tiny_config, two_replicas
-from configs import lm
+from support import build, tiny_config, two_replicas
+from support.lm import tiny_lm_config
+from support.two_heads import TwoHeads
 from trainer import Trainer
 from trainer.modes.precision_check import precision_check
 from trainer.runtime.precision import advise_shapes, layers_of, misaligned_shapes, set_policy
-
-
-def tiny_lm_config(precision, **overrides):
-    c = lm.get_config()
-    c.precision = precision
-    c.model.update(seq_len=16, num_layers=2, d_model=16, num_heads=2, mlp_dim=32)
-    c.data.update(max_bytes=20_000, global_batch_size=8)
-    c.optimizer.warmup_steps = 1
-    c.distribution.strategy = "default"
-    c.trainer.update(train_steps=2, steps_per_loop=2, log_every=2, eval_every=2,
-                     checkpoint_every=2)
-    for key, value in overrides.items():
-        section, field = key.split(".")
-        c[section][field] = value
-    return c
 
 
 @pytest.mark.parametrize("make_config,pattern,expected_classes", [
@@ -94,50 +79,6 @@ def test_the_advisor_names_exactly_the_misaligned_layers():
         "conv_ok", "conv_odd", "dense_ok", "dense_odd", "up_odd"]  # a TPU wants 128
     keras.mixed_precision.set_global_policy("float32")
     assert advise_shapes(model, {"per-replica batch": 12}, tf.distribute.get_strategy()) == []
-
-
-class ScaledDense(keras.layers.Dense):
-    """A Dense whose output is scaled by a constant in its compute dtype (1e-12 is 0 in
-    float16, not in float32)."""
-
-    def __init__(self, units, factor, **kwargs):
-        super().__init__(units, **kwargs)
-        self.factor = factor
-
-    def call(self, x):
-        return super().call(x) * tf.cast(self.factor, self.compute_dtype)
-
-
-class TwoHeads(Task):
-    """Sign of a sum, from a main head plus a branch whose output is scaled by `factor`
-    before the loss: at 1e-12 the branch's gradients vanish in float16, not in float32."""
-
-    def __init__(self, config, factor):
-        super().__init__(config)
-        self.factor = factor
-
-    def build_model(self):
-        inputs = keras.Input((8,))
-        hidden = keras.layers.Dense(16, activation="relu", name="hidden")(inputs)
-        main = keras.layers.Dense(2, name="main")(hidden)
-        branch = ScaledDense(2, self.factor, name="branch")(hidden)
-        logits = keras.layers.Add(dtype="float32", name="logits")([main, branch])
-        return keras.Model(inputs, logits, name="two_heads")
-
-    def build_inputs(self, split, input_context, start_step=0):
-        x = tf.random.stateless_normal((256, 8), seed=(1, 2))
-        y = tf.cast(tf.reduce_sum(x, axis=1) > 0, tf.int32)
-        batch = input_context.get_per_replica_batch_size(self.config.data.global_batch_size)
-        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch, drop_remainder=True)
-
-    def compute_loss(self, labels, outputs):
-        return keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
-
-    def build_metrics(self):
-        return []
-
-    def update_metrics(self, metrics, labels, outputs):
-        pass
 
 
 @pytest.mark.parametrize("factor,verdict", [(1e-12, "change"), (1.0, "ok")])

@@ -6,66 +6,11 @@ import pytest
 import tensorflow as tf
 
 from trainer.task import get_task
-from conftest import tiny_config, two_replicas
-from trainer.task import Task
+from support import tiny_config, two_replicas
+from support.array_task import (PER_REPLICA, assert_next_step_applies_alike, data,
+                                make_trainer, replica_weights)
 from trainer import Trainer
 from trainer.loop.divergence import check_finite
-
-PER_REPLICA = 4
-
-
-def dense_model():
-    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
-                             keras.layers.Dense(1, dtype="float32")])
-
-
-class ArrayTask(Task):
-    """Regression on fixed arrays, batches served in order (replica 0, replica 1, ...)."""
-
-    def __init__(self, config, x, y, model_fn=dense_model):
-        super().__init__(config)
-        self.x, self.y, self.model_fn = x, y, model_fn
-
-    def build_model(self):
-        return self.model_fn()
-
-    def build_inputs(self, split, input_context, start_step=0):
-        bs = input_context.get_per_replica_batch_size(self.config.data.global_batch_size)
-        return tf.data.Dataset.from_tensor_slices((self.x, self.y)).batch(bs, drop_remainder=True)
-
-    def compute_loss(self, labels, outputs):
-        return tf.reduce_mean(tf.square(outputs - labels), axis=-1)
-
-    def build_metrics(self):
-        return []
-
-    def update_metrics(self, metrics, labels, outputs):
-        pass
-
-
-def make_trainer(strategy, x, y, tmp_path, precision="float32", model_fn=dense_model,
-                 **overrides):
-    keras.mixed_precision.set_global_policy(precision)
-    keras.utils.set_random_seed(1)
-    config = tiny_config(**{"data.global_batch_size": 2 * PER_REPLICA,
-                            "optimizer.name": "sgd", "optimizer.learning_rate": 0.1,
-                            "optimizer.momentum": 0.0, **overrides})
-    trainer = Trainer(config, ArrayTask(config, x, y, model_fn), strategy, str(tmp_path))
-    return trainer, iter(trainer.distributed_dataset("train"))
-
-
-def replica_weights(trainer, variables=None):
-    """[replica][variable] numpy arrays (trainable variables unless `variables`)."""
-    variables = trainer.model.trainable_variables if variables is None else variables
-    per_var = [trainer.strategy.experimental_local_results(v.value) for v in variables]
-    return [[r[i].numpy() for r in per_var] for i in range(len(per_var[0]))]
-
-
-def data(steps, rng):
-    x = rng.normal(size=(steps * 2 * PER_REPLICA, 3)).astype(np.float32)
-    y = rng.normal(size=(steps * 2 * PER_REPLICA, 1)).astype(np.float32)
-    return x, y
-
 
 def test_overflow_on_one_replica_is_skipped_on_both(tmp_path):
     x, y = data(2, np.random.default_rng(0))
@@ -87,18 +32,6 @@ def test_overflow_on_one_replica_is_skipped_on_both(tmp_path):
 
     assert_next_step_applies_alike(trainer, it, before)
     assert trainer.loss_scale.skipped_steps.numpy() == 1
-
-
-def assert_next_step_applies_alike(trainer, it, before):
-    """After one skipped step: the next one changes the weights from `before`, the
-    same on both replicas and finite, and is the first applied update."""
-    trainer.train_loop(it, tf.constant(1, tf.int64))
-    applied = replica_weights(trainer)
-    assert any(not np.array_equal(a, b) for a, b in zip(applied[0], before[0]))
-    for a0, a1 in zip(applied[0], applied[1]):
-        np.testing.assert_array_equal(a0, a1)
-        assert np.isfinite(a0).all()
-    assert int(trainer.optimizer.iterations.numpy()) == 1
 
 
 @pytest.mark.parametrize("clip_norm", [0.0, 0.05])

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from trainer.task import get_task
-from conftest import tiny_config
+from support import tiny_config
 from trainer import Trainer
 from trainer.runtime.precision import set_policy
 

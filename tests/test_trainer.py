@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from trainer.data.images.preprocess import normalize
-from conftest import build, scalars, tiny_config, two_replicas
+from support import build, scalars, tiny_config, two_replicas
 
 
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])

@@ -11,33 +11,14 @@ import pytest
 import tensorflow as tf
 
 from trainer.task import get_task
-from configs import lm as lm_config
 from configs import vit_cifar
-import conftest
-from conftest import override, scalars, tiny_config, two_replicas
+import support
+from support import ROOT, scalars, tiny_config, two_replicas
+from support.lm import tiny_lm
 from tasks.models.decoder import DecoderLM
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TEXT = b"the quick brown fox jumps over the lazy dog. " * 40
-
-
-def tiny_lm(tmp_path, text=TEXT, **overrides):
-    (tmp_path / "corpus").mkdir(exist_ok=True)
-    (tmp_path / "corpus" / "a.txt").write_bytes(text)
-    c = lm_config.get_config()
-    c.precision = "float32"
-    c.distribution.strategy = "default"
-    c.data.files = str(tmp_path / "corpus" / "*.txt")
-    c.data.validation_fraction = 0.1
-    c.model.update(seq_len=32, num_layers=1, d_model=32, num_heads=2, mlp_dim=64)
-    c.optimizer.update(learning_rate=3e-3, warmup_steps=10)
-    c.trainer.update(train_steps=150, steps_per_loop=50, log_every=50, eval_every=150,
-                     checkpoint_every=150)
-    return override(c, **overrides)
-
-
 def build(config, workdir, strategy=None):
-    return conftest.build(config, workdir / "run", strategy)
+    return support.build(config, workdir / "run", strategy)
 
 
 def test_tiny_lm_overfits_repeated_text(tmp_path):

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
+from support import ROOT
 from trainer.state import lease_lock, workdir_lock
 from trainer.state.workdir_lock import WorkdirLock, lock_holder
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A process that takes the lock of argv[1], says so on stdout and holds it (argv[2] s).
 # The module is loaded from its file, without the trainer package's TensorFlow imports.
 HOLDER = textwrap.dedent("""

@@ -1,11 +1,13 @@
 """Tiny real image sets for the file-format tests: scikit-learn's digits (8x8 grayscale,
 shipped in its wheel) written as a PNG class folder, as TFRecord shards and as a TFDS
-dataset prepared offline."""
+dataset prepared offline; and files_config, configs/images.py shrunk to read them."""
 
 
 import numpy as np
 
 from benchmarks.image_files import write_folder, write_tfrecords  # noqa: F401
+from configs import images
+from support import override
 
 
 def digits(n=None):
@@ -42,3 +44,17 @@ def prepare_tfds(data_dir, images, labels, file_format="array_record"):
     TinyDigits(data_dir=str(data_dir), file_format=file_format).download_and_prepare(
         download_config=tfds.download.DownloadConfig(verify_ssl=False))
     return name
+
+
+def files_config(data, **overrides):
+    """configs/images.py shrunk: 8px digits, the seed CNN, 20 steps of 32."""
+    c = images.get_config()
+    c.data.update(image_size=8, global_batch_size=32, augment=False,
+                  normalization="unit_range", **data)
+    c.model.name = "seed_cnn"
+    c.precision = "float32"
+    c.distribution.strategy = "default"
+    c.optimizer.update(name="adam", learning_rate=1e-3, schedule="constant", warmup_steps=0)
+    c.trainer.update(train_steps=20, steps_per_loop=5, log_every=5, eval_every=10,
+                     checkpoint_every=10, per_step_summaries=False, jit_compile="off")
+    return override(c, **overrides)

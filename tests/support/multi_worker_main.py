@@ -1,13 +1,16 @@
 """One worker of the multi-worker tests: trains a tiny CIFAR run, dumps its weights.
 
 Usage (TF_CONFIG set by the test):
-    python multi_worker_main.py WORKDIR OUT.npz STEPS [STOP_AT [ACCUMULATION_STEPS]]
+    python tests/support/multi_worker_main.py WORKDIR OUT.npz STEPS [STOP_AT [ACCUMULATION_STEPS]]
 """
 
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The repository; this file's folder (tests/support/) is on sys.path as the script's,
+# where the config's actions find `multi_worker_main`.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))))
 
 import keras  # noqa: E402
 from absl import logging  # noqa: E402

@@ -1,20 +1,22 @@
 """One worker of the file-input multi-worker test: trains the images task on a digits
 folder and saves its weights and the first train batches it reads.
 
-Usage (TF_CONFIG set by the test): python multi_worker_files_main.py DATA_DIR WORKDIR OUT.npz
+Usage (TF_CONFIG set by the test):
+    python tests/support/multi_worker_files_main.py DATA_DIR WORKDIR OUT.npz
 """
 
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (this is tests/support/)
+sys.path.insert(0, os.path.dirname(TESTS))  # the repository
+sys.path.insert(0, TESTS)  # support
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from trainer.task import get_task  # noqa: E402
-from test_image_files import files_config  # noqa: E402
+from support.image_data import files_config  # noqa: E402
 from trainer import Trainer  # noqa: E402
 from trainer.runtime.distribute import build_strategy  # noqa: E402
 from trainer.runtime.precision import set_policy  # noqa: E402

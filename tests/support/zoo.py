@@ -220,7 +220,7 @@ class Zoo(Task):
 
 
 def zoo_config(name, **overrides):
-    from conftest import override, tiny_config
+    from support import override, tiny_config
     c = tiny_config(**{"task.name": "zoo", "data.global_batch_size": 8,
                        "trainer.train_steps": 4, "trainer.steps_per_loop": 2,
                        "trainer.checkpoint_every": 2, "trainer.eval_every": 0,
