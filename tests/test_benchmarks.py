@@ -10,6 +10,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.e2e
 def test_compare_harness_smoke(tmp_path):
     out = tmp_path / "bench"
     run = subprocess.run(
@@ -38,6 +39,7 @@ def test_compare_harness_smoke(tmp_path):
     assert (out / "results.png").stat().st_size > 1000
 
 
+@pytest.mark.e2e
 def test_fit_parity_harness_smoke(tmp_path):
     """The Trainer-vs-model.fit learning comparison runs end to end (accuracy numbers are
     the benchmark's, not asserted here: 4 steps learn nothing reliable)."""
@@ -56,6 +58,7 @@ def test_fit_parity_harness_smoke(tmp_path):
     assert "| 0 |" in (out / "results.md").read_text()
 
 
+@pytest.mark.e2e
 def test_time_to_accuracy_harness_smoke(tmp_path):
     """The Trainer and model.fit both train a tiny LM to an easy bits-per-byte target;
     the report gives each one's time and the steps it took (no timing is asserted)."""

@@ -70,6 +70,7 @@ def launch(*args, **env):
                                                            **env))
 
 
+@pytest.mark.e2e
 def test_a_config_error_is_one_line_without_a_traceback(tmp_path):
     run = launch("--config=configs/lm.py", f"--workdir={tmp_path}/run",
                  "--config.trainer.train_steps=20", "--config.distribution.strategy=default")
@@ -79,6 +80,7 @@ def test_a_config_error_is_one_line_without_a_traceback(tmp_path):
             "this short, set --config.optimizer.warmup_steps=2") in run.stderr
 
 
+@pytest.mark.e2e
 def test_a_workdir_under_home_is_expanded(tmp_path):
     run = launch("--config=configs/cifar.py", "--workdir=~/runs/x", "--mode=eval",
                  HOME=str(tmp_path))

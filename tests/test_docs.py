@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = ["--config.precision=float32", "--config.distribution.strategy=default",
          "--config.trainer.steps_per_loop=50", "--config.trainer.log_every=50"]
@@ -49,11 +51,13 @@ def check_the_example_learns_and_stops(log):
     assert "reached the target 0.85" in summary["stopped"]
 
 
+@pytest.mark.e2e
 def test_build_md_example_runs_with_launch_py_from_another_directory(tmp_path):
     log = run_example(tmp_path, [sys.executable, os.path.join(ROOT, "launch.py")])
     check_the_example_learns_and_stops(log)
 
 
+@pytest.mark.e2e
 def test_build_md_example_runs_with_the_console_command(tmp_path):
     command = os.path.join(os.path.dirname(sys.executable), "tftrainer")
     assert os.path.exists(command), "pip install -e . installs the tftrainer command"

@@ -29,6 +29,7 @@ def launch(workdir, *args, config="configs/cifar.py"):
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.e2e
 def test_cli_trains_resumes_and_evaluates(tmp_path):
     run = launch(tmp_path, *TINY, "--config.trainer.train_steps=8",
                  "--config.precision=mixed_bfloat16",
@@ -70,6 +71,7 @@ def assert_start_phases(workdir):
     assert summary["flops_count_seconds"] > 0
 
 
+@pytest.mark.e2e
 def test_misspelt_config_key_fails_before_any_work(tmp_path):
     run = launch(tmp_path / "w", "--config.trainer.train_stpes=5")
     assert run.returncode != 0
@@ -77,6 +79,7 @@ def test_misspelt_config_key_fails_before_any_work(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.e2e
 def test_eval_without_checkpoint_is_a_clear_error(tmp_path):
     run = launch(tmp_path, *TINY, "--mode=eval")
     assert run.returncode != 0
@@ -129,6 +132,7 @@ def test_resnet_builds_and_steps(tmp_path):
     assert int(trainer.optimizer.iterations.numpy()) == 4
 
 
+@pytest.mark.e2e
 def test_legacy_keras_env_fails_fast(tmp_path):
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
     run = subprocess.run([sys.executable, "launch.py", "--config=configs/cifar.py",
@@ -139,6 +143,7 @@ def test_legacy_keras_env_fails_fast(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("config_arg,expected", [
     ("configs/nope.py", "nope.py"),
     ("trainer/task.py", "get_config"),
@@ -150,6 +155,7 @@ def test_bad_config_file_is_a_clear_error(tmp_path, config_arg, expected):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.e2e
 def test_wrong_type_for_a_field_is_a_clear_error(tmp_path):
     run = launch(tmp_path / "w", "--config.trainer.train_steps=abc")
     assert run.returncode != 0
@@ -166,6 +172,7 @@ def test_batch_larger_than_the_dataset(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.e2e
 def test_a_file_beside_the_config_never_shadows_a_standard_module(tmp_path):
     # The user's task module imports `wave` (standard, imported by nothing before it); a
     # wave.py beside the config in a shared folder must not be what it gets.
@@ -180,6 +187,7 @@ def test_a_file_beside_the_config_never_shadows_a_standard_module(tmp_path):
     assert not (tmp_path / "ran").exists()
 
 
+@pytest.mark.e2e
 def test_second_launch_on_a_busy_workdir_is_refused(tmp_path):
     from trainer.state.workdir_lock import WorkdirLock
     with WorkdirLock(str(tmp_path)):
@@ -248,6 +256,7 @@ def fill(controller, step, logs):
 '''
 
 
+@pytest.mark.e2e
 def test_a_full_disk_is_told_plainly_and_a_relaunch_after_freeing_space_finishes(tmp_path):
     from trainer import cli
     disk = tmp_path / "disk"  # a small filesystem of its own

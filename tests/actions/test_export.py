@@ -41,6 +41,7 @@ def serve_in_fresh_process(tmp_path, exports):
     return {d: dict(np.load(tmp_path / f"out{i}.npz")) for i, d in enumerate(exports)}
 
 
+@pytest.mark.e2e
 def test_a_fresh_process_serves_the_trained_models_predictions(tmp_path):
     # CIFAR trained in mixed_bfloat16, exported by the end-of-training action (float32).
     cifar = build(tiny_config(precision="mixed_bfloat16", **{

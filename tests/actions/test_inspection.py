@@ -47,6 +47,7 @@ def get(port, route, body=None):
         return json.loads(response.read())
 
 
+@pytest.mark.e2e
 def test_tensorboard_serves_what_the_trainer_logged(run):
     workdir, last_eval = run
     port = free_port()

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from support import ROOT, checkpoint_steps
@@ -32,6 +33,7 @@ def get_config():
 """
 
 
+@pytest.mark.e2e
 def test_local_workers_run_a_cluster_and_the_check_names_a_worker_that_drifts(tmp_path):
     """Two workers of one command train in step until the last one's copy of a variable is
     changed at step 5; the consistency check stops both at step 10, keeping ckpt-5."""
@@ -75,6 +77,7 @@ time.sleep(120)  # as a worker waiting on a dead peer's collectives
 """
 
 
+@pytest.mark.e2e
 def test_a_failed_local_worker_stops_the_others_and_gives_its_status(tmp_path, capfd):
     script = tmp_path / "worker.py"
     script.write_text(FAKE_WORKER)
@@ -103,6 +106,7 @@ def consecutive_free_ports(n):
     raise RuntimeError("no consecutive free ports")
 
 
+@pytest.mark.e2e
 def test_a_slurm_step_environment_gives_the_cluster(tmp_path):
     """Two tasks of one srun step on one node, with the variables srun sets."""
     base = consecutive_free_ports(2)
@@ -125,6 +129,7 @@ def test_a_slurm_step_environment_gives_the_cluster(tmp_path):
     assert "step 10/10" in logs[0]
 
 
+@pytest.mark.e2e
 def test_the_kubernetes_manifest_gives_each_pod_its_tf_config():
     import json
     import re

@@ -9,9 +9,12 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from benchmarks.faults import free_ports
 from support import ROOT
+
+pytestmark = pytest.mark.e2e  # every test starts worker processes
 
 WORKER = os.path.join(ROOT, "tests", "support", "multi_worker_main.py")  # one worker's script
 

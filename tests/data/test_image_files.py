@@ -268,6 +268,7 @@ def test_bad_data_configs_are_named(tmp_path, digits_files):
         get_task(files_config(dict(format="folder"))).data.source("train")
 
 
+@pytest.mark.e2e
 def test_sigkill_and_relaunch_on_tfrecords_ends_bitwise_equal(tmp_path, digits_files):
     """A ResNet (its batch normalization statistics resume too) on TFRecords."""
     data = digits_files["tfrecord"]
@@ -305,6 +306,7 @@ def test_the_local_tf_data_service_trains_and_reads_each_batch_once(tmp_path,
     assert len({tuple(b) for b in served}) == 100
 
 
+@pytest.mark.e2e
 def test_two_workers_read_what_one_process_reads_and_a_single_process_resumes(
         tmp_path, digits_files):
     """2-process MultiWorkerMirrored (1 replica each) to step 10: at each step the two
@@ -378,6 +380,7 @@ def test_cache_reads_the_same_batches_from_memory(digits_files, fmt):
     assert "train" not in decoded.data.arrays
 
 
+@pytest.mark.e2e
 def test_a_dispatcher_and_worker_started_by_the_entry_point_serve_a_run(tmp_path,
                                                                         digits_files):
     from benchmarks.faults import free_ports

@@ -1,6 +1,10 @@
 """The fault-injection harness: random SIGKILLs and SIGTERMs, relaunches, nothing lost."""
 
+import pytest
+
 from benchmarks import faults
+
+pytestmark = pytest.mark.e2e  # the harness launches the runs it kills
 
 JOB = ["--config=configs/cifar.py", "--config.data.source=synthetic",
        "--config.precision=float32", "--config.data.global_batch_size=16",

@@ -22,6 +22,7 @@ from trainer.state.workdir import check_workdir
 from trainer.state.workdir_lock import WorkdirLock
 
 
+@pytest.mark.e2e
 def test_sigterm_saves_and_relaunch_continues(tmp_path):
     args = [sys.executable, "launch.py", "--config=configs/cifar.py", f"--workdir={tmp_path}",
             "--mode=train", "--config.data.source=synthetic", "--config.precision=float32",
@@ -108,6 +109,7 @@ def test_second_run_on_a_workdir_is_refused(tmp_path):
     assert not os.path.exists(tmp_path / ".lock")
 
 
+@pytest.mark.e2e
 def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -157,6 +159,7 @@ MODELS_WITH_STATE = {
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("model", sorted(MODELS_WITH_STATE))
 def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path, model):
     relaunch_log = kill_relaunch_and_compare([

@@ -205,6 +205,7 @@ def test_an_unknown_best_metric_lists_the_eval_metrics(tmp_path):
         build(config, tmp_path).train()
 
 
+@pytest.mark.e2e
 def test_continuous_eval_next_to_training_evaluates_every_checkpoint_once(tmp_path):
     common = [f"--workdir={tmp_path}", "--config=configs/cifar.py",
               "--config.data.source=synthetic", "--config.data.synthetic_train_size=256",

@@ -173,6 +173,7 @@ trainer.train(evaluate=False)
 """
 
 
+@pytest.mark.e2e
 def test_an_input_bound_run_is_named_in_the_log_and_the_breakdown(tmp_path):
     run = subprocess.run([sys.executable, "-c", SLOW_INPUT_RUN, str(tmp_path)],
                          cwd=os.path.join(ROOT, "tests"),

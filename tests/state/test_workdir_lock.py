@@ -59,6 +59,7 @@ def _wait_locked(proc):
     assert line.startswith("locked"), line
 
 
+@pytest.mark.e2e
 @needs_unshare
 def test_a_killed_pid_1_of_a_pod_does_not_block_its_relaunch(tmp_path):
     # (a) A pod keeps its hostname and the trainer is PID 1 again after a relaunch.
@@ -71,6 +72,7 @@ def test_a_killed_pid_1_of_a_pod_does_not_block_its_relaunch(tmp_path):
     assert relaunch.returncode == 0 and out.startswith("locked"), out
 
 
+@pytest.mark.e2e
 @needs_unshare
 def test_a_live_run_in_another_pid_namespace_is_not_taken_over(tmp_path):
     # (b) The owner's pid means nothing in the other namespace.
@@ -85,6 +87,7 @@ def test_a_live_run_in_another_pid_namespace_is_not_taken_over(tmp_path):
         owner.wait()
 
 
+@pytest.mark.e2e
 def test_of_launches_racing_for_a_stale_lock_exactly_one_gets_it(tmp_path):
     # (c) A lock left by a dead run, and three launches taking it over at once: one gets it
     # (and keeps it while the others try), the others are refused, and no release

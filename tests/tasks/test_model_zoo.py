@@ -127,7 +127,8 @@ def test_nested_inputs_and_outputs_in_precision_check_and_telemetry(tmp_path):
 
 
 
-@pytest.mark.parametrize("name", ["unnamed_weights", "bidirectional"])
+@pytest.mark.parametrize("name", [  # unnamed_weights relaunches in a process of its own
+    pytest.param("unnamed_weights", marks=pytest.mark.e2e), "bidirectional"])
 def test_auto_named_weights_have_one_name_in_every_build(tmp_path, name):
     """Unnamed add_weight (`variable_N`), a weight named like its layer, a wrapper's
     copies (`forward_gru_1`): the end-of-training export, a warm start from the model's

@@ -100,6 +100,7 @@ def test_empty_glob_is_a_clear_error(tmp_path):
         task.build_model() and task.splits
 
 
+@pytest.mark.e2e
 def test_sample_mode_prints_the_prompt_and_its_continuation_reproducibly(tmp_path):
     config = tiny_lm(tmp_path, **{"trainer.train_steps": 20, "trainer.steps_per_loop": 10,
                                   "trainer.log_every": 10, "optimizer.warmup_steps": 2})
