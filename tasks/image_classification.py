@@ -73,7 +73,8 @@ class ImageClassificationTask(Task):
         kept = self.data.kept(split)
         if split == "train" and c.global_batch_size > len(kept):
             raise ValueError(f"data.global_batch_size={c.global_batch_size} is larger than "
-                             f"the {len(kept)} training examples; lower it.")
+                             f"the {len(kept)} training examples; lower "
+                             "--config.data.global_batch_size.")
         if split in self.data.arrays:
             images, labels = self.data.arrays[split]
             if split == "train":
@@ -177,8 +178,7 @@ class ImageClassificationTask(Task):
 
         def features(images):
             resized = tf.image.resize(images, [c.image_size, c.image_size])
-            return normalize(tf.clip_by_value(tf.round(resized), 0, 255),
-                                     c.normalization)
+            return normalize(tf.clip_by_value(tf.round(resized), 0, 255), c.normalization)
 
         return tf.TensorSpec([None, None, None, 3], tf.uint8, name="images"), features
 

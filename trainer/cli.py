@@ -105,7 +105,7 @@ def execute(config, workdir, name):
         run(config, strategy, workdir, name)
         return
     check_workdir(workdir)
-    if mode.evaluates:
+    if mode.keeps_best:
         _refuse_two_evaluators(workdir, mode)
     with WorkdirLock(workdir, mode.lock, name):
         run(config, strategy, workdir, name)

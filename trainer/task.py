@@ -63,7 +63,7 @@ class Task(abc.ABC):
         (one pass, every example exactly once, last batch may be smaller).
         `start_step` is how many global batches training has already read (the
         step it resumes at, times `trainer.accumulation_steps`): a task whose train
-        order is a function of it (as cifar10 and lm are) resumes exactly.
+        order is a function of it (as images and lm are) resumes exactly.
         Shard by `input_context.input_pipeline_id` and batch with
         `input_context.get_per_replica_batch_size(global_batch_size)`.
         """

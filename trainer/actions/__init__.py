@@ -35,6 +35,7 @@ def train_actions(trainer, evaluate=True, extra=()):
     `config.actions`, then `extra`."""
     config, tc = trainer.config, trainer.config.trainer
     _check_early_stopping(tc, evaluate)
+    best = best_checkpoint(trainer) if evaluate else None
     profile = check_profile_steps(tc.profile_steps, trainer.train_steps)
     if config.export.enabled:
         check_export(config, trainer.task)  # now, not after training
@@ -43,7 +44,7 @@ def train_actions(trainer, evaluate=True, extra=()):
     rest = [LogTrain(tc.log_every),
             SaveCheckpoint(tc.checkpoint_every),
             Evaluate(tc.eval_every) if evaluate else None,
-            best_checkpoint(trainer) if evaluate else None,
+            best,
             Samples(),
             NumericsLog(trainer.telemetry, trainer.loss_scale.enabled,
                         os.path.join(trainer.workdir, "numerics.json"),

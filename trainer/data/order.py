@@ -23,7 +23,7 @@ def step_indexed_batches(num_examples, batch_size, input_context, start_step, se
 def step_indexed_indices(num_examples, batch_size, input_context, start_step, seed):
     """(indices [batch_size] int64, g) of this pipeline's replica batches from
     `start_step`: the order `step_indexed_batches` reads, for pipelines that read their
-    examples from files (tasks/images.py)."""
+    examples from files (tasks/image_classification.py)."""
     if batch_size > num_examples:
         raise ValueError(f"A replica batch of {batch_size} is more than the "
                          f"{num_examples} training examples.")

@@ -31,7 +31,9 @@ class Action:
     chief_only: run on the chief process alone (for actions that only write
         files). Otherwise every worker calls it at the same step, so it may
         hold collectives (save, evaluate) under MultiWorkerMirroredStrategy.
-    kind: where its time goes in `summary.json` ("eval", "checkpoint", "other").
+    kind: where its time goes in `summary.json` ("eval", "checkpoint", "other"). The
+        Controller also foresees, before a stop, the time of the actions that run on
+        an interrupt with kind "checkpoint" (the save a stop makes).
     """
 
     every = 0

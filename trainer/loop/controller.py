@@ -29,7 +29,8 @@ from trainer.state.workdir import ChiefFiles
 
 class Controller:
     """Runs `trainer` to `trainer.train_steps`, calling `actions` (trainer/loop/action.py)
-    at their steps; it builds none of them (`trainer/assemble.py` does)."""
+    at their steps; it builds none of them (the modes do, a training run's in the order
+    of `trainer.actions.train_actions`)."""
 
     def __init__(self, trainer, actions):
         self.trainer = trainer

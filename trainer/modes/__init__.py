@@ -19,7 +19,9 @@ class Mode:
         there (a function of the config, or a bool).
     lock: the workdir lock the chief holds meanwhile; None: it takes none (it only reads
         the run, or writes a directory of its own beside a running training).
-    evaluates: it writes eval/ and best/, which one process per workdir may do.
+    evaluates: it writes eval/ summaries.
+    keeps_best: it also keeps best/: it refuses to start beside another process that
+        evaluates the workdir (the other lock's holder), as two would both write them.
     summary: it writes summary_<mode>.json (training writes summary.json itself).
     trains: it trains, so the workdir must lie outside the data, and data.service applies.
     """
@@ -29,6 +31,7 @@ class Mode:
     reads_run: bool | Callable = False
     lock: str | None = LOCK_NAME
     evaluates: bool = False
+    keeps_best: bool = False
     summary: bool = False
     trains: bool = False
 
@@ -38,9 +41,11 @@ MODES = {m.name: m for m in (
     Mode("eval", "evaluate the latest checkpoint", eval_mode.run, reads_run=True,
          evaluates=True, summary=True),
     Mode("train_and_eval", "train, evaluating every trainer.eval_every steps",
-         functools.partial(train.run, evaluate=True), evaluates=True, trains=True),
+         functools.partial(train.run, evaluate=True), evaluates=True, keeps_best=True,
+         trains=True),
     Mode("continuous_eval", "evaluate each new checkpoint a --mode=train run writes",
-         continuous_eval.run, lock=EVAL_LOCK_NAME, evaluates=True, summary=True),
+         continuous_eval.run, lock=EVAL_LOCK_NAME, evaluates=True, keeps_best=True,
+         summary=True),
     Mode("sample", "print text from the latest checkpoint (language models)", sample.run,
          reads_run=True, lock=None),
     Mode("precision_check", "the mixed policy against float32, layer by layer, for "

@@ -19,5 +19,5 @@ def run(config, strategy, workdir, summary):
     restore_latest(trainer, "sample")
     with trainer.eval_weights():  # the EMA weights, if evaluation uses them
         text = task.generate(trainer.model)
-    sys.stdout.write(text + "\n")
+    sys.stdout.buffer.write((text + "\n").encode("utf-8"))  # whatever stdout's encoding
     sys.stdout.flush()

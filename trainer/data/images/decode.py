@@ -12,8 +12,8 @@ import tensorflow as tf
 
 # The bytes that open a file of each format: a file that is empty, text or of another
 # kind fails this check and is named at once. (A truncated or corrupt image passes it
-# and fails in the decoder; the task then finds and names it: ImagesTask.
-# explain_input_error. Bytes after an image's end are common and harmless, so the end
+# and fails in the decoder; the task then finds and names it:
+# ImageClassificationTask.explain_input_error. Bytes after an image's end are common and harmless, so the end
 # is not checked.)
 _HEADS = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
 PARALLEL_DECODES = 16  # images of one batch decoded at once (map_fn parallel_iterations)

@@ -1,5 +1,5 @@
-"""The train and eval splits of an image task, opened once per process and only when
-needed: a model or an export needs the class count alone, an eval only its split."""
+"""The train and eval splits of an image task, opened only when needed (a model or an
+export needs the class count alone, an eval only its split); files once per process."""
 
 import json
 
@@ -15,9 +15,10 @@ _OPENED = {}  # data config (JSON) -> ImageSplits: the finders build many tasks 
 
 def image_splits(data):
     """The splits of `data` (config.data): CIFAR-10's arrays (data.format=cifar10, loaded
-    for each call), or the ImageSplits of files, shared by the tasks of this process."""
+    by each task that reads them), or the ImageSplits of files, shared by the tasks of
+    this process."""
     if data.format == "cifar10":
-        return ArraySplits(cifar10.load(data), data.image_size)
+        return Cifar10Splits(data)
     key = json.dumps(data.to_dict(), sort_keys=True, default=str)
     if key not in _OPENED:
         _OPENED[key] = ImageSplits(data)
@@ -36,20 +37,25 @@ def read_batch(source, examples, data, num_classes):
                                 names, num_classes)
 
 
-class ArraySplits:
-    """Splits decoded in memory when loaded (CIFAR-10's arrays): nothing to open or scan."""
+class Cifar10Splits:
+    """CIFAR-10's splits, decoded in memory when first read (a model or an export needs
+    only the class count and the image size, which are fixed): nothing to scan."""
 
-    def __init__(self, loaded, image_size):
-        self.arrays = {"train": (loaded.train_images, loaded.train_labels),
-                       "eval": (loaded.test_images, loaded.test_labels)}
-        self.num_classes, self.image_size = 10, loaded.train_images.shape[1]
-        if image_size != self.image_size:
-            raise ValueError(f"data.image_size={image_size}, but CIFAR-10's images are "
-                             f"{self.image_size}x{self.image_size}: set "
-                             f"--config.data.image_size={self.image_size}.")
-        self.description = loaded.source
-        logging.info("Data: %s (%d train, %d test images).", loaded.source,
-                     len(loaded.train_labels), len(loaded.test_labels))
+    num_classes, image_size = 10, 32
+
+    def __init__(self, data):
+        for field, value, fits in (("image_size", data.image_size, (self.image_size,)),
+                                   ("num_classes", data.num_classes, (0, self.num_classes))):
+            if value not in fits:
+                raise ValueError(f"data.{field}={value}, but CIFAR-10 has {self.num_classes} "
+                                 f"classes of {self.image_size}x{self.image_size} images: set "
+                                 f"--config.data.{field}={fits[-1]}.")
+        self.config, self._loaded = data, None
+
+    @property
+    def arrays(self):
+        """{split: (uint8 images, int32 labels)}."""
+        return self._load()[0]
 
     def kept(self, split):
         return np.arange(len(self.arrays[split][1]))
@@ -58,7 +64,17 @@ class ArraySplits:
         return []
 
     def describe(self):
-        return self.description
+        """Where the arrays came from (the real data, or the synthetic stand-in)."""
+        return self._load()[1]
+
+    def _load(self):
+        if self._loaded is None:
+            loaded = cifar10.load(self.config)
+            logging.info("Data: %s (%d train, %d test images).", loaded.source,
+                         len(loaded.train_labels), len(loaded.test_labels))
+            self._loaded = ({"train": (loaded.train_images, loaded.train_labels),
+                             "eval": (loaded.test_images, loaded.test_labels)}, loaded.source)
+        return self._loaded
 
 
 class ImageSplits:
