@@ -26,6 +26,10 @@ def prepare_tfds(data_dir, images, labels, file_format="array_record"):
 
     class TinyDigits(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         VERSION = tfds.core.Version("1.0.0")
+        # Where TFDS would look for the builder's checksums.tsv: there is none. (Left to
+        # find it, TFDS 4.9 imports importlib_resources, a backport for Python < 3.9 it
+        # does not install, when the builder's module is in a package, as this one is.)
+        code_path = None
 
         def _info(self):
             return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
