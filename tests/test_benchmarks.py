@@ -81,6 +81,28 @@ def test_time_to_accuracy_harness_smoke(tmp_path):
     assert "| lm | bits_per_byte <= 7.0 |" in run.stdout
 
 
+@pytest.mark.e2e
+def test_checkpoint_stall_harness_smoke(tmp_path):
+    """Each mode trains and saves; the report has a stall and a save() time for blocking
+    and asynchronous saves (no timing is asserted), and the harness's three workdirs
+    are gone at the end."""
+    out, scratch = tmp_path / "stall", tmp_path / "tmp"
+    scratch.mkdir()
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.checkpoint_stall", "--config=lm", "--tiny",
+         "--steps=2", "--chunks=2", "--repeats=1", f"--out={out}"],
+        cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(scratch)),
+        capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.load(open(out / "results.json"))
+    assert results["config"] == "lm" and results["checkpoints_bytes"] > 0
+    for mode in ("async_off", "async_on"):
+        assert results[mode]["save_call_seconds"] > 0
+        low, high = results[mode]["stall_min_max"]
+        assert low <= results[mode]["stall_seconds_per_checkpoint"] <= high
+    assert not list(scratch.iterdir())
+
+
 def test_a_benchmark_deletes_only_directories_it_made(tmp_path):
     from benchmarks import image_files, scratch
     mine = tmp_path / "mine"  # --data=DIR naming a folder the user already had

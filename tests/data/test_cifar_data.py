@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from support import tiny_config
+from trainer.task import get_task
 from trainer.data.images import cifar10 as cifar10_data
 
 
@@ -241,3 +242,13 @@ def test_reads_the_real_format_from_a_remote_filesystem(tmp_path, layout, monkey
     data = cifar10_data.load(config.data)
     assert_matches(data, written)
     assert remote in data.source
+
+
+def test_a_model_or_an_export_reads_no_data(tmp_path):
+    """CIFAR-10's class count and image size are fixed: building the model (as an export
+    does) loads nothing, so a run exports after its data is gone."""
+    task = get_task(tiny_config(**{"data.source": "cifar10",
+                                   "data.data_dir": str(tmp_path / "gone")}))
+    assert task.build_model().outputs[0].shape[-1] == 10
+    with pytest.raises(FileNotFoundError, match="holds no CIFAR-10"):
+        task.describe_data()  # reading it is what needs the data

@@ -16,7 +16,7 @@ from trainer import cli
 from trainer.modes.train import controller as Controller
 from trainer.loop.action import Action
 from trainer.actions import jit_choice
-from trainer.state.workdir_lock import LOCK_NAME, WorkdirLock
+from trainer.state.workdir_lock import EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock
 
 
 class Record(Action):
@@ -255,6 +255,16 @@ def test_continuous_eval_refuses_a_run_that_evaluates_itself(tmp_path):
     with WorkdirLock(str(tmp_path), LOCK_NAME, "train"):  # a --mode=train run is fine:
         cli.execute(config, str(tmp_path), "continuous_eval")  # evaluates its checkpoint
     assert [step for step, _ in scalars(tmp_path, "eval")["accuracy"]] == [4]
+
+
+def test_only_the_modes_that_keep_best_refuse_a_second_evaluator(tmp_path):
+    config = tiny_config(**{"trainer.train_steps": 4, "trainer.checkpoint_every": 4})
+    build(config, tmp_path).train(evaluate=False)
+    with WorkdirLock(str(tmp_path), EVAL_LOCK_NAME, "continuous_eval"):
+        with pytest.raises(RuntimeError, match="two evaluators would both write eval/"):
+            cli.execute(config, str(tmp_path), "train_and_eval")
+        cli.execute(config, str(tmp_path), "eval")  # writes eval/ once, keeps no best/
+    assert json.load(open(tmp_path / "summary_eval.json"))["step"] == 4
 
 
 def test_a_relaunch_after_a_crash_does_not_count_evaluations_twice(tmp_path):
