@@ -1,16 +1,15 @@
-"""Preparing text: every document lands in its split exactly, bad documents are named
-(or counted with data.skip_bad), and an interrupted prepare is redone."""
+"""Preparing text: every document lands in one split exactly, bad documents are named
+(or counted with data.skip_bad), and an interrupted prepare leaves nothing complete."""
 
 import itertools
 import json
-import os
 
 import numpy as np
 import pytest
 
 from trainer.data import token_shards
 from trainer.data.prepare_text import BadDocument, held_out, prepare
-from trainer.data.tokenizers import ByteTokenizer
+from trainer.data.tokenizers import ByteTokenizer, SentencePieceTokenizer
 
 BYTES = ByteTokenizer.identity
 
@@ -25,8 +24,8 @@ def write_texts(folder, texts):
     return paths
 
 
-def documents(directory, split):
-    read = token_shards.open_split(str(directory), split, BYTES)
+def documents(directory, split, tokenizer=BYTES):
+    read = token_shards.open_split(str(directory), split, tokenizer)
     return [bytes(read.document(i).astype(np.uint8)) for i in range(read.num_documents)]
 
 
@@ -42,12 +41,12 @@ def test_text_files_are_documents_in_file_order(tmp_path):
 
 
 def test_without_eval_files_a_fixed_fraction_of_documents_validates(tmp_path):
-    texts = [f"document {i}".encode() for i in range(40)]
+    texts = [f"document {i}".encode() for i in range(40)] + [b"document 3"]  # a duplicate
     paths = write_texts(tmp_path / "train", texts)
     prepare(str(tmp_path / "a"), paths, [], ByteTokenizer(), eval_fraction=0.25, processes=1)
     train, held = documents(tmp_path / "a", "train"), documents(tmp_path / "a", "eval")
-    assert sorted(train + held) == sorted(texts) and not set(train) & set(held)
-    assert held == [t for t, p in zip(texts, paths) if held_out(os.path.basename(p), 0.25)]
+    assert sorted(train + held) == sorted(texts)
+    assert held == [t for t in texts if held_out(t, 0.25)] and not set(train) & set(held)
     assert 0 < len(held) < 20
     moved = write_texts(tmp_path / "elsewhere", texts)[::-1]  # another folder and order
     prepare(str(tmp_path / "b"), moved, [], ByteTokenizer(), eval_fraction=0.25, processes=1)
@@ -59,26 +58,44 @@ def test_without_eval_files_a_fixed_fraction_of_documents_validates(tmp_path):
     (b'{"body": "x"}', r"data\.jsonl:2 has no text field 'text'"),
     (b'{"text": ""}', r"data\.jsonl:2 has an empty 'text'"),
     (b'{"text": "\xff"}', r"data\.jsonl:2 is not a JSON object of UTF-8 text"),
+    (b'{"text": "\\ud800"}', r"data\.jsonl:2 is not a JSON object of UTF-8 text"),
 ])
 def test_a_bad_jsonl_record_is_named_or_counted_with_skip_bad(tmp_path, line, problem):
-    path = tmp_path / "data.jsonl"
-    path.write_bytes(b'{"text": "good one"}\n' + line + b'\n{"text": "good two"}\n')
+    path, held = tmp_path / "data.jsonl", tmp_path / "held.jsonl"
+    path.write_bytes(b'{"text": "good one"}\n' + line + b'\n\n{"text": "good two"}\n')
+    held.write_bytes(b'{"text": "held"}\n')
     with pytest.raises(BadDocument, match=problem + r".*data\.skip_bad=True"):
-        prepare(str(tmp_path / "out"), [str(path)], [str(path)], ByteTokenizer(),
+        prepare(str(tmp_path / "out"), [str(path)], [str(held)], ByteTokenizer(),
                 fmt="jsonl", processes=1)
-    records = prepare(str(tmp_path / "out"), [str(path)], [str(path)], ByteTokenizer(),
+    records = prepare(str(tmp_path / "out"), [str(path)], [str(held)], ByteTokenizer(),
                       fmt="jsonl", skip_bad=True, processes=1)
     assert documents(tmp_path / "out", "train") == [b"good one", b"good two"]
-    assert records["train"]["skipped"] == 1
+    assert documents(tmp_path / "out", "eval") == [b"held"] and records["skipped"] == 1
 
 
-def test_an_empty_text_file_is_named(tmp_path):
-    paths = write_texts(tmp_path / "train", [b"text", b""])
+@pytest.mark.parametrize("fmt, content", [("text", b""), ("jsonl", b"\n  \n")])
+def test_an_empty_file_is_named_or_counted(tmp_path, fmt, content):
+    paths = write_texts(tmp_path / "train", [b'{"text": "a"}', content])
     with pytest.raises(BadDocument, match=r"001\.txt is empty"):
-        prepare(str(tmp_path / "out"), paths, paths[:1], ByteTokenizer(), processes=1)
+        prepare(str(tmp_path / "out"), paths, paths[:1], ByteTokenizer(), fmt, processes=1)
+    records = prepare(str(tmp_path / "out"), paths, paths[:1], ByteTokenizer(), fmt,
+                      skip_bad=True, processes=1)
+    assert records["skipped"] == 1 and records["train"]["documents"] == 1
 
 
-class FailsOnce(ByteTokenizer):
+@pytest.mark.parametrize("train, fraction, problem", [
+    ([], 0.1, "No training files"),
+    ([b"a", b"b"], 1.5, r"eval_fraction=1\.5 must be in \(0, 1\)"),
+    ([b"only one"], 0.01, "The eval split has no document"),
+])
+def test_a_prepare_that_cannot_give_two_splits_is_refused(tmp_path, train, fraction, problem):
+    paths = write_texts(tmp_path / "train", train) if train else []
+    with pytest.raises(ValueError, match=problem):
+        prepare(str(tmp_path / "out"), paths, [], ByteTokenizer(), eval_fraction=fraction,
+                processes=1)
+
+
+class FailsOnBoom(ByteTokenizer):
     """Breaks on the document "boom", as a kill in the middle of a prepare would."""
 
     @staticmethod
@@ -89,29 +106,37 @@ class FailsOnce(ByteTokenizer):
 
 
 @pytest.mark.e2e  # a pool of processes
-def test_an_interrupted_prepare_leaves_no_complete_split_and_a_rerun_completes(tmp_path):
-    """Two processes (a pool): the documents keep the files' order."""
-    paths = write_texts(tmp_path / "train", [b"one", b"boom", b"three"])
+def test_an_interrupted_prepare_leaves_no_split_complete_and_a_rerun_completes(tmp_path):
+    """Over a complete directory, in two processes: the documents keep the files' order."""
     out = str(tmp_path / "out")
+    first = write_texts(tmp_path / "first", [b"old one", b"old two"])
+    prepare(out, first, first[:1], ByteTokenizer(), processes=1)
+    paths = write_texts(tmp_path / "train", [b"one", b"boom", b"three", b"four"])
     with pytest.raises(RuntimeError, match="interrupted"):
-        prepare(out, paths, paths[:1], FailsOnce(), processes=2)
-    with pytest.raises(FileNotFoundError, match="no complete 'train' split"):
-        token_shards.open_split(out, "train", BYTES)
+        prepare(out, paths, paths[:1], FailsOnBoom(), processes=2)
+    for split in ("train", "eval"):  # no mix of the old eval and a new train
+        with pytest.raises(FileNotFoundError, match=f"no complete '{split}' split"):
+            token_shards.open_split(out, split, BYTES)
     prepare(out, paths, paths[:1], ByteTokenizer(), processes=2)
-    assert documents(out, "train") == [b"one", b"boom", b"three"]
-    assert json.load(open(tmp_path / "out" / "meta.json"))["splits"]["eval"]["documents"] == 1
+    assert documents(out, "train") == [b"one", b"boom", b"three", b"four"]
+    with open(tmp_path / "out" / "meta.json") as f:
+        assert json.load(f)["splits"]["eval"]["documents"] == 1
+
+
+def sentencepiece_texts():
+    words = ["".join(w) for w in itertools.product("bcdfgklmnp", "aeiou", "rst")]  # 150
+    return [(" ".join(words[(7 * i + 11 * j) % 150] for j in range(60)) + "\n\n  x").encode()
+            for i in range(40)]
 
 
 def test_a_sentencepiece_model_trained_here_keeps_every_character(tmp_path):
-    """Byte fallback: text outside the vocabulary comes back exactly; the shards are
-    uint16 ids, and another model's shards are refused."""
-    from trainer.data.tokenizers import SentencePieceTokenizer
-    words = ["".join(w) for w in itertools.product("bcdfgklmnp", "aeiou", "rst")]  # 150
-    texts = [" ".join(words[(7 * i + 11 * j) % 150] for j in range(60)).encode()
-             for i in range(40)]
+    """Byte fallback and no normalization: text outside the vocabulary, newlines and
+    runs of spaces come back exactly; the shards are uint16 ids, and another model's
+    shards are refused."""
+    texts = sentencepiece_texts()
     tokenizer = SentencePieceTokenizer.train(texts, vocab_size=300)
     assert tokenizer.identity["vocab_size"] == 300
-    unseen = "na\u00efve \u2603 \U0001F600 42".encode()
+    unseen = "na\u00efve \u2603 \U0001F600 42\n\n  two  spaces\tand \uff46".encode()
     assert tokenizer.decode(tokenizer.encode(unseen)) == unseen.decode()
     assert SentencePieceTokenizer.train(texts, 300).identity == tokenizer.identity
 
@@ -123,3 +148,14 @@ def test_a_sentencepiece_model_trained_here_keeps_every_character(tmp_path):
     other = SentencePieceTokenizer.train(texts[:20], vocab_size=280)
     with pytest.raises(ValueError, match="prepared with the tokenizer"):
         token_shards.open_split(str(tmp_path / "out"), "train", other.identity)
+
+
+@pytest.mark.e2e  # a pool of processes
+def test_a_sentencepiece_prepare_in_a_pool_equals_one_in_this_process(tmp_path):
+    texts = sentencepiece_texts()
+    tokenizer = SentencePieceTokenizer.train(texts, vocab_size=300)
+    paths = write_texts(tmp_path / "train", texts)
+    prepare(str(tmp_path / "one"), paths, paths[:2], tokenizer, processes=1)
+    prepare(str(tmp_path / "two"), paths, paths[:2], tokenizer, processes=2)
+    for name in ("train.bin", "train.idx", "eval.bin"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()

@@ -1,17 +1,16 @@
 """Prepare once, train many times: text files or JSONL records -> token shards.
 
-Each text file, or each JSONL record's `text_key` field, is one document. The files are
-read and tokenized by a pool of processes, in file order, and written as they come
-(trainer/data/token_shards.py), so memory holds the files in flight, not the corpus.
-Without eval files, a fixed fraction of the documents validates, chosen by a hash of each
-document's name (its path below the files' common folder, with :line for JSONL), so the
-choice depends neither on the order files are read in nor on where the corpus lies. A
-split is named complete only when written: a prepare interrupted at any point is redone
-by the next one. (Wiring into the LM task, SentencePiece and the `prepare` mode come next:
-issue 40.)
+Each text file, or each JSONL record's `text_key` field, is one document. A pool of
+processes reads and tokenizes the files, a few in flight at a time, and this process
+writes their documents in file order as they come (trainer/data/token_shards.py), so
+memory holds the files in flight, not the corpus. Without eval files, a fixed fraction
+of the documents validates, chosen by a hash of each document's text: the choice depends
+neither on the order or place of the files, and a duplicated document lands in one
+split. Both splits are named complete at once, at the end: a prepare interrupted at any
+point is redone by the next one.
 """
 
-import contextlib
+import collections
 import hashlib
 import json
 import multiprocessing
@@ -24,6 +23,7 @@ from trainer.data import token_shards
 
 FORMATS = ("text", "jsonl")
 PROGRESS_SECONDS = 10.0
+_WORKER_TOKENIZER = None  # a pool process's tokenizer, sent once (`_set_tokenizer`)
 
 
 class BadDocument(ValueError):
@@ -35,101 +35,119 @@ def read_documents(path, fmt, text_key, skip_bad):
     document is an error naming it unless `skip_bad`)."""
     with open(path, "rb") as f:
         content = f.read()
+    if not content.strip():
+        return [], _bad(f"{path} is empty", skip_bad)
     if fmt == "text":
-        if content:
-            return [(path, content)], 0
-        return _bad(f"{path} is empty", skip_bad, [])
+        return [(path, content)], 0
     documents, skipped = [], 0
     for number, line in enumerate(content.splitlines(), 1):
+        if not line.strip():
+            continue  # a blank line holds no record
         name = f"{path}:{number}"
         try:
             record = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            text = record.get(text_key) if isinstance(record, dict) else None
+            encoded = text.encode("utf-8") if isinstance(text, str) else None
+        except (UnicodeError, json.JSONDecodeError) as e:
             skipped += _bad(f"{name} is not a JSON object of UTF-8 text ({e})", skip_bad)
             continue
-        text = record.get(text_key) if isinstance(record, dict) else None
-        if not isinstance(text, str):
+        if encoded is None:
             skipped += _bad(f"{name} has no text field {text_key!r} (data.text_key)",
                             skip_bad)
-        elif not text:
+        elif not encoded:
             skipped += _bad(f"{name} has an empty {text_key!r}", skip_bad)
         else:
-            documents.append((name, text.encode("utf-8")))
+            documents.append((name, encoded))
     return documents, skipped
 
 
-def _bad(what, skip_bad, documents=None):
+def _bad(what, skip_bad):
+    """1 (one document skipped), or the error that names it."""
     if not skip_bad:
         raise BadDocument(f"{what}. Fix or remove it, or set --config.data.skip_bad=True "
                           "to leave such documents out (counted in the log).")
-    return (documents, 1) if documents is not None else 1
+    return 1
 
 
-def held_out(name, fraction):
-    """Whether document `name` validates: a stable hash of its name, below `fraction`."""
-    digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).digest()
-    return int.from_bytes(digest[:8], "little") < fraction * 2**64
+def held_out(text, fraction):
+    """Whether the document `text` (bytes) validates: a hash of it, below `fraction`."""
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") < fraction * 2**64
 
 
 def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key="text",
             eval_fraction=0.01, skip_bad=False, processes=None):
     """Writes the train and eval splits of `directory` from the files of `fmt` with
-    `processes` (default: every core); returns {split: record}. Without `eval_files`,
-    the documents `held_out` at `eval_fraction` validate and the rest train.
-    `tokenizer`: an object with `identity` (a dict) and `encode(bytes) -> ids`."""
+    `processes` (default: the cores this process may use); returns {split: record} and
+    "skipped" (the bad documents left out with `skip_bad`).
+    Without `eval_files`, the documents `held_out` at `eval_fraction` validate and the
+    rest train. `tokenizer`: an object with `identity` (a dict) and
+    `encode(bytes) -> ids`."""
     if fmt not in FORMATS:
         raise ValueError(f"data.format={fmt!r} is unknown for text; choose one of {FORMATS}.")
-    routed = None if eval_files else eval_fraction  # eval: held-out train documents
-    processes = processes or os.cpu_count()
-    root = os.path.commonpath(train_files) if len(train_files) > 1 else os.path.dirname(
-        train_files[0])  # names are hashed from here: a moved corpus holds out the same
-    # Spawned, not forked: this process may run TensorFlow's threads. One process needs
-    # no pool (a spawned worker starts by importing the framework, seconds).
-    with (multiprocessing.get_context("spawn").Pool(processes) if processes > 1
-          else contextlib.nullcontext()) as pool:
-        records = {}
-        for split in ("train", "eval"):
-            files = eval_files if split == "eval" and eval_files else train_files
-            progress = _Progress(split, sum(os.path.getsize(p) for p in files))
-            tokenize = _Tokenize(split, fmt, text_key, skip_bad, routed, tokenizer, root)
-            tokenized = pool.imap(tokenize, files) if pool else map(tokenize, files)
-            records[split] = token_shards.write_split(
-                directory, split, _documents(tokenized, progress), tokenizer.identity)
-            records[split]["skipped"] = progress.skipped
-            progress.done(records[split])
-    return records
+    if not train_files:
+        raise ValueError("No training files to prepare: point data.train at text files.")
+    if not eval_files and not 0 < eval_fraction < 1:
+        raise ValueError(f"eval_fraction={eval_fraction} must be in (0, 1) without eval "
+                         "files: the held-out fraction of the documents.")
+    jobs = [(p, None if eval_files else eval_fraction, False) for p in train_files]
+    jobs += [(p, None, True) for p in eval_files]
+    token_shards.begin(directory, ("train", "eval"), tokenizer.identity)
+    writers = {s: token_shards.SplitWriter(directory, s, tokenizer.identity)
+               for s in ("train", "eval")}
+    progress = _Progress(sum(os.path.getsize(p) for p, _, _ in jobs))
+    for (path, _, _), (documents, skipped) in zip(jobs, _tokenized(
+            jobs, fmt, text_key, skip_bad, tokenizer, processes)):
+        for name, is_eval, ids in documents:
+            writers["eval" if is_eval else "train"].add(ids, name)
+        progress.update(os.path.getsize(path), skipped)
+    records = {split: writer.close() for split, writer in writers.items()}
+    for split, record in records.items():
+        if not record["documents"]:
+            raise ValueError(f"The {split} split has no document (eval_fraction="
+                             f"{eval_fraction} of {records['train']['documents']} training "
+                             "documents, or empty eval files): give it documents.")
+    token_shards.commit(directory, records)
+    progress.done(records)
+    return dict(records, skipped=progress.skipped)
 
 
-def _documents(tokenized, progress):
-    for ids_list, skipped, size in tokenized:
-        progress.update(size, skipped)
-        yield from ids_list
+def _tokenized(jobs, fmt, text_key, skip_bad, tokenizer, processes):
+    """Each job's ([(name, is_eval, ids)], skipped), in order: in this process, or in a
+    spawned pool (this process may run TensorFlow's threads, which a fork would copy
+    mid-flight) with at most two files per process in flight."""
+    processes = min(processes or len(os.sched_getaffinity(0)), len(jobs))
+    if processes <= 1:
+        _set_tokenizer(tokenizer)
+        yield from (_tokenize(job, fmt, text_key, skip_bad) for job in jobs)
+        return
+    with multiprocessing.get_context("spawn").Pool(
+            processes, initializer=_set_tokenizer, initargs=(tokenizer,)) as pool:
+        pending = collections.deque()
+        for job in jobs:
+            pending.append(pool.apply_async(_tokenize, (job, fmt, text_key, skip_bad)))
+            if len(pending) >= 2 * processes:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
 
 
-class _Tokenize:
-    """Reads one file and tokenizes its documents of `split` (a pool's task). With
-    `routed` (a fraction), a document is in eval exactly when `held_out` says so of its
-    name below `root`."""
+def _set_tokenizer(tokenizer):
+    global _WORKER_TOKENIZER
+    _WORKER_TOKENIZER = tokenizer
 
-    def __init__(self, split, fmt, text_key, skip_bad, routed, tokenizer, root):
-        self.split, self.fmt, self.text_key = split, fmt, text_key
-        self.skip_bad, self.routed, self.tokenizer = skip_bad, routed, tokenizer
-        self.root = root
 
-    def __call__(self, path):
-        documents, skipped = read_documents(path, self.fmt, self.text_key, self.skip_bad)
-        ids = [self.tokenizer.encode(text) for name, text in documents
-               if self.routed is None
-               or held_out(os.path.relpath(name, self.root), self.routed)
-               == (self.split == "eval")]
-        return ids, skipped, os.path.getsize(path)
+def _tokenize(job, fmt, text_key, skip_bad):
+    path, fraction, is_eval = job
+    documents, skipped = read_documents(path, fmt, text_key, skip_bad)
+    return [(name, is_eval or (fraction is not None and held_out(text, fraction)),
+             _WORKER_TOKENIZER.encode(text)) for name, text in documents], skipped
 
 
 class _Progress:
-    """Logs MB/s and an ETA every PROGRESS_SECONDS."""
+    """Logs MB/s and an ETA every PROGRESS_SECONDS, and the counts at the end."""
 
-    def __init__(self, split, total):
-        self.split, self.total, self.read, self.skipped = split, total, 0, 0
+    def __init__(self, total):
+        self.total, self.read, self.skipped = total, 0, 0
         self.start = self.last = time.monotonic()
 
     def update(self, size, skipped):
@@ -138,14 +156,15 @@ class _Progress:
         if now - self.last >= PROGRESS_SECONDS:
             self.last = now
             rate = self.read / max(now - self.start, 1e-9)
-            logging.info("Preparing %s: %.1f of %.1f MB, %.1f MB/s, ETA %.0f s.", self.split,
+            logging.info("Preparing: %.1f of %.1f MB, %.1f MB/s, ETA %.0f s.",
                          self.read / 1e6, self.total / 1e6, rate / 1e6,
                          (self.total - self.read) / max(rate, 1e-9))
 
-    def done(self, record):
+    def done(self, records):
         seconds = time.monotonic() - self.start
-        logging.info("Prepared %s: %d documents, %d tokens from %.1f MB in %.1f s "
-                     "(%.1f MB/s)%s.", self.split, record["documents"], record["tokens"],
-                     self.total / 1e6, seconds, self.total / 1e6 / max(seconds, 1e-9),
-                     f"; {self.skipped} bad documents skipped (data.skip_bad)"
-                     if self.skipped else "")
+        logging.info("Prepared %s from %.1f MB in %.1f s (%.1f MB/s)%s.", "; ".join(
+            f"{s}: {r['documents']} documents, {r['tokens']} tokens"
+            for s, r in records.items()), self.total / 1e6, seconds,
+            self.total / 1e6 / max(seconds, 1e-9),
+            f"; {self.skipped} bad documents left out (data.skip_bad)" if self.skipped
+            else "")

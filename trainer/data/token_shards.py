@@ -8,12 +8,13 @@ resume needs (nanoGPT memory-maps a flat token file the same way):
     <directory>/<split>.idx    int64 [documents + 1]: where each document starts in .bin,
                                then the total
     <directory>/meta.json      the tokenizer's identity, the dtype, and per split the
-                               documents, tokens and file sizes; written last
+                               documents, tokens and file sizes
 
-A split is complete only when meta.json names it and its files have the sizes meta.json
-records, so an interrupted write never reads as complete: `open_split` refuses it, and a
-writer starts the split again. NumPy's memory map reads a window without reading the rest:
-resident memory does not grow with the corpus (page cache aside).
+A write names no split complete while it runs (`begin`), writes each split beside the
+old files (`SplitWriter`), then moves them in and names them all in one meta.json
+(`commit`): a kill at any point leaves every split it touched incomplete, never a mix
+of two writes, and a reader that maps the old files keeps them. NumPy's memory maps read
+a window without reading the rest: resident memory does not grow with the corpus.
 """
 
 import json
@@ -32,46 +33,65 @@ def token_dtype(vocab_size):
     return np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")
 
 
-def write_split(directory, split, documents, tokenizer):
-    """Writes `documents` (an iterable of 1-D integer arrays, each one document's ids) as
-    split `split`, streaming: one document is in memory at a time. `tokenizer` is the
-    identity dict of the tokenizer that made them ({"kind", "vocab_size", ...}), recorded
-    in meta.json, where the split is named once its files are complete. Returns the
-    split's record."""
-    dtype = token_dtype(tokenizer["vocab_size"])
+def begin(directory, splits, tokenizer):
+    """Before writing `splits` with `tokenizer` (its identity dict): none of them reads
+    as complete any more. Shards of another tokenizer that stay complete are refused."""
     os.makedirs(directory, exist_ok=True)
-    meta = _read_meta(directory)
-    if meta and meta["tokenizer"] != tokenizer:
+    meta = _read_meta(directory) or {"splits": {}}
+    kept = {s: r for s, r in meta["splits"].items() if s not in splits}
+    if kept and meta["tokenizer"] != tokenizer:
         raise ValueError(_other_tokenizer(directory, meta["tokenizer"], tokenizer))
-    bin_path, idx_path = _paths(directory, split)
-    _forget(directory, split)  # a split being written is never complete
-    offsets, total = [0], 0
-    with open(bin_path, "wb") as tokens, open(idx_path, "wb") as index:
-        for document in documents:
-            ids = np.asarray(document)
-            if ids.size and (ids.min() < 0 or ids.max() >= tokenizer["vocab_size"]):
-                raise ValueError(f"A token id of document {len(offsets) - 1} is outside "
-                                 f"[0, {tokenizer['vocab_size']}) (the tokenizer's "
-                                 "vocabulary).")
-            tokens.write(ids.astype(dtype).tobytes())
-            total += ids.size
-            offsets.append(total)
-        index.write(np.asarray(offsets, INDEX_DTYPE).tobytes())
-        for f in (tokens, index):
+    _write_meta(directory, {"tokenizer": tokenizer, "dtype": token_dtype(
+        tokenizer["vocab_size"]).str, "splits": kept})
+
+
+class SplitWriter:
+    """Streams one split's documents to `<split>.bin.tmp` and `.idx.tmp`: one document
+    and one offset at a time in memory."""
+
+    def __init__(self, directory, split, tokenizer):
+        self.directory, self.split, self.vocab_size = directory, split, tokenizer["vocab_size"]
+        self.dtype = token_dtype(self.vocab_size)
+        bin_path, idx_path = _paths(directory, split)
+        self._tokens, self._index = open(bin_path + ".tmp", "wb"), open(idx_path + ".tmp", "wb")
+        self.documents, self.total = 0, 0
+        self._index.write(np.zeros(1, INDEX_DTYPE).tobytes())
+
+    def add(self, ids, name):
+        """Appends document `name` (a 1-D integer array of its ids)."""
+        ids = np.asarray(ids)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise ValueError(f"{name}: a token id is outside [0, {self.vocab_size}) (the "
+                             "tokenizer's vocabulary).")
+        self._tokens.write(ids.astype(self.dtype).tobytes())
+        self.documents, self.total = self.documents + 1, self.total + ids.size
+        self._index.write(np.asarray([self.total], INDEX_DTYPE).tobytes())
+
+    def close(self):
+        """Flushes the files to disk; returns the split's record."""
+        for f in (self._tokens, self._index):
             f.flush()
             os.fsync(f.fileno())
-    record = {"documents": len(offsets) - 1, "tokens": total,
-              "bin_bytes": os.path.getsize(bin_path), "idx_bytes": os.path.getsize(idx_path)}
-    meta = _read_meta(directory) or {"tokenizer": tokenizer, "dtype": dtype.str,
-                                     "splits": {}}
-    meta["splits"][split] = record
+            f.close()
+        return {"documents": self.documents, "tokens": self.total,
+                "bin_bytes": self.total * self.dtype.itemsize,
+                "idx_bytes": (self.documents + 1) * INDEX_DTYPE.itemsize}
+
+
+def commit(directory, records):
+    """Moves the written splits ({split: record}) in and names them complete at once."""
+    for split in records:
+        for path in _paths(directory, split):
+            os.replace(path + ".tmp", path)
+    _sync_directory(directory)
+    meta = _read_meta(directory)
+    meta["splits"].update(records)
     _write_meta(directory, meta)
-    return record
 
 
 class Split:
-    """A complete split: `tokens` (a read-only memory map of every id) and `offsets`
-    (int64 [documents + 1])."""
+    """A complete split: `tokens` and `offsets` (int64 [documents + 1]), both memory
+    maps."""
 
     def __init__(self, tokens, offsets):
         self.tokens, self.offsets = tokens, offsets
@@ -102,11 +122,10 @@ def open_split(directory, split, tokenizer):
                 f"{path} has {size if size is not None else 'no'} bytes, but {META} "
                 f"records {record[key]}: the file was truncated or replaced after it was "
                 "prepared. Prepare the split again.")
-    offsets = np.fromfile(idx_path, INDEX_DTYPE)
-    if len(offsets) != record["documents"] + 1 or offsets[-1] != record["tokens"]:
-        raise ValueError(f"{idx_path} does not index the {record['tokens']} tokens of "
-                         f"{record['documents']} documents {META} records: prepare the "
-                         "split again.")
+    offsets = np.memmap(idx_path, INDEX_DTYPE, mode="r")
+    if offsets[0] != 0 or offsets[-1] != record["tokens"]:
+        raise ValueError(f"{idx_path} does not index the {record['tokens']} tokens "
+                         f"{META} records: prepare the split again.")
     dtype = np.dtype(meta["dtype"])
     tokens = (np.memmap(bin_path, dtype, mode="r") if record["tokens"]
               else np.zeros([0], dtype))  # (numpy cannot map an empty file)
@@ -133,13 +152,16 @@ def _write_meta(directory, meta):
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
+    _sync_directory(directory)
 
 
-def _forget(directory, split):
-    meta = _read_meta(directory)
-    if meta and split in meta["splits"]:
-        del meta["splits"][split]
-        _write_meta(directory, meta)
+def _sync_directory(directory):
+    """Makes the renames in `directory` durable (a power loss keeps them)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _other_tokenizer(directory, prepared, asked):

@@ -38,15 +38,18 @@ class SentencePieceTokenizer:
 
     @classmethod
     def train(cls, documents, vocab_size):
-        """A model of `vocab_size` pieces trained on `documents` (UTF-8 bytes each), with
-        byte fallback and digits split; one thread, unshuffled: the same documents give the
-        same model."""
+        """A model of `vocab_size` pieces trained on the lines of `documents` (UTF-8 bytes
+        each), with byte fallback and digits split, and no normalization: the text a
+        model reads and writes keeps its newlines, runs of spaces and every character.
+        One thread, unshuffled: the same documents give the same model."""
         spm = _sentencepiece()
         model = io.BytesIO()
         spm.SentencePieceTrainer.train(
-            sentence_iterator=(d.decode("utf-8", errors="replace") for d in documents),
+            sentence_iterator=(line for d in documents for line in d.decode(
+                "utf-8", errors="replace").splitlines() if line.strip()),
             model_writer=model, vocab_size=vocab_size, model_type="unigram",
             byte_fallback=True, split_digits=True, character_coverage=0.9995,
+            normalization_rule_name="identity", remove_extra_whitespaces=False,
             input_sentence_size=0, shuffle_input_sentence=False,
             num_threads=1, max_sentence_length=1 << 16, minloglevel=2)
         return cls(model.getvalue())
@@ -59,6 +62,7 @@ class SentencePieceTokenizer:
         return self._processor
 
     def encode(self, text):
+        """Ids of `text` (UTF-8 bytes; an invalid sequence becomes U+FFFD first)."""
         return np.asarray(self.processor.encode(text.decode("utf-8", errors="replace")),
                           np.int64)
 
