@@ -219,3 +219,6 @@ def check_keras_backend():
         raise RuntimeError(
             f"KERAS_BACKEND is {keras.backend.backend()!r}; this framework needs "
             "'tensorflow'. Unset KERAS_BACKEND or set it to tensorflow.")
+
+
+check_keras_backend()  # every model goes through this module: fail before building one
