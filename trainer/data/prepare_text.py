@@ -94,12 +94,13 @@ def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key=
     token_shards.begin(directory, ("train", "eval"), tokenizer.identity)
     writers = {s: token_shards.SplitWriter(directory, s, tokenizer.identity)
                for s in ("train", "eval")}
-    progress = _Progress(sum(os.path.getsize(p) for p, _, _ in jobs))
-    for (path, _, _), (documents, skipped) in zip(jobs, _tokenized(
+    sizes = [os.path.getsize(path) for path, _, _ in jobs]
+    progress = _Progress(sum(sizes))
+    for size, (documents, skipped) in zip(sizes, _tokenized(
             jobs, fmt, text_key, skip_bad, tokenizer, processes)):
         for name, is_eval, ids in documents:
             writers["eval" if is_eval else "train"].add(ids, name)
-        progress.update(os.path.getsize(path), skipped)
+        progress.update(size, skipped)
     records = {split: writer.close() for split, writer in writers.items()}
     for split, record in records.items():
         if not record["documents"]:
