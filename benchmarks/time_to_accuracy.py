@@ -216,14 +216,14 @@ def benchmark():
 
 def eval_log(workdir, steps_per_epoch, task):
     """A Keras callback that appends each epoch's validation metrics (with those the task
-    derives from the loss), the wall time and the step, to `workdir/fit_evals.jsonl`
+    derives from them), the wall time and the step, to `workdir/fit_evals.jsonl`
     (the parent polls it)."""
     import keras
-    from trainer.step.evaluation import with_metrics_of_loss
+    from trainer.step.evaluation import with_derived_metrics
 
     def on_epoch_end(epoch, logs):
         row = {"time": time.time(), "step": (epoch + 1) * steps_per_epoch}
-        row.update(with_metrics_of_loss(task, {k[len("val_"):]: float(v) for k, v in
+        row.update(with_derived_metrics(task, {k[len("val_"):]: float(v) for k, v in
                                                logs.items() if k.startswith("val_")}))
         with open(os.path.join(workdir, FIT_LOG), "a") as f:
             f.write(json.dumps(row) + "\n")

@@ -46,7 +46,7 @@ def test_a_continuous_evaluator_that_would_quit_at_once_is_refused(tmp_path):
 
 
 def test_a_workdir_inside_the_data_is_refused(tmp_path):
-    lm = tiny_lm(tmp_path, **{"data.files": str(tmp_path / "corpus" / "**")})
+    lm = tiny_lm(tmp_path, **{"data.train": str(tmp_path / "corpus" / "**")})
     with pytest.raises(ValueError, match=r"--workdir=.*corpus/run is inside the data .*read as "
                                          r"data.*outside it"):
         assemble.run(lm, tf.distribute.get_strategy(), str(tmp_path / "corpus" / "run"),

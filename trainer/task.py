@@ -84,10 +84,11 @@ class Task(abc.ABC):
     def update_metrics(self, metrics, labels, outputs):
         """Updates `metrics` (as built by `build_metrics`) with one batch."""
 
-    def metrics_of_loss(self):
-        """{name: function of the mean loss} for metrics the loss alone gives (bits per
-        byte, perplexity): reported beside the loss, in training and evaluation, without
-        a second pass over the outputs."""
+    def derived_metrics(self):
+        """{name: function of the results ({metric name: float}, with the mean `loss`)}
+        for metrics computed from the others (perplexity from the loss, bits per byte
+        from the loss and a count of bytes): reported after the loss, in training and
+        evaluation, without a second pass over the outputs."""
         return {}
 
     def serving_input(self):
@@ -96,6 +97,17 @@ class Task(abc.ABC):
         raise NotImplementedError(
             f"{type(self).__name__} does not define serving_input(), so it cannot be "
             "exported; see docs/export.md#the-signature.")
+
+    def serving_endpoints(self, model):
+        """{name: (tf.function, [tf.TensorSpec])}: endpoints the SavedModel serves beside
+        `serving_default` (a language model's `generate`, text in and text out)."""
+        return {}
+
+    def prepare_data(self):
+        """Makes the data ready to read, once for many runs (a language model's token
+        shards), and returns what it made, for `--mode=prepare`; training calls it
+        implicitly. The default has nothing to prepare."""
+        return None
 
     def flops_per_example(self):
         """FLOPs of one example's forward and backward pass, for MFU (trainer/step/flops.py);

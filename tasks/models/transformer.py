@@ -57,17 +57,21 @@ class Block(keras.layers.Layer):
         gelu = tf.nn.gelu(tf.cast(h, tf.float32), approximate=False)
         return tf.cast(gelu, self.mlp_out.compute_dtype)
 
-    def _forward(self, x, seeds, training):
+    def _forward(self, x, seeds, training, attention_mask=None):
         h = self.ln1(x)
-        h = self.attention(h, h, use_causal_mask=self.causal, training=False)
+        h = self.attention(h, h, attention_mask=attention_mask, use_causal_mask=self.causal,
+                           training=False)
         # Casts: a sublayer kept in float32 (precision_overrides) returns float32.
         x = x + tf.cast(self._dropout(h, seeds[0], training), x.dtype)
         h = self.mlp_out(self._gelu(self.mlp_in(self.ln2(x))))
         return x + tf.cast(self._dropout(h, seeds[1], training), x.dtype)
 
-    def call(self, x, training=False):
+    def call(self, x, training=False, attention_mask=None):
+        """`attention_mask`: bool [batch, T, T], which positions each may attend to (with
+        `causal`, also only earlier ones)."""
         seeds = tf.cast(keras.random.randint((2, 2), 0, 2**30, seed=self.seeds), tf.int32) \
             if training and self.rate else tf.zeros((2, 2), tf.int32)
         if self.remat and training:
-            return tf.recompute_grad(lambda y: self._forward(y, seeds, training))(x)
-        return self._forward(x, seeds, training)
+            return tf.recompute_grad(
+                lambda y: self._forward(y, seeds, training, attention_mask))(x)
+        return self._forward(x, seeds, training, attention_mask)

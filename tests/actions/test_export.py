@@ -14,7 +14,6 @@ import tensorflow as tf
 from trainer.task import get_task
 from trainer.data.images.preprocess import normalize
 from support import build, tiny_config
-from support.lm import tiny_lm_config
 from trainer.cli import execute
 from trainer.actions.export import export
 
@@ -51,19 +50,9 @@ def test_a_fresh_process_serves_the_trained_models_predictions(tmp_path):
     best_step = json.load(open(tmp_path / "cifar/best/best.json"))["step"]
     cifar_dir = str(tmp_path / "cifar/export" / str(best_step))
     images = np.random.default_rng(0).integers(0, 256, (6, 32, 32, 3), dtype=np.uint8)
-    # The LM (float32), exported by --mode=export from its latest checkpoint.
-    lm_config = tiny_lm_config("float32", **{"trainer.best_metric": ""})
-    build(lm_config, tmp_path / "lm").train(evaluate=False)
-    execute(lm_config, str(tmp_path / "lm"), "export")
-    lm_dir = str(tmp_path / "lm/export/2")
-    summary = json.load(open(tmp_path / "lm/summary_export.json"))
-    assert summary["directory"] == lm_dir and summary["checkpoint"].endswith("ckpt-2")
-    tokens = np.random.default_rng(1).integers(0, 256, (3, 11), dtype=np.int32)
-
-    served = serve_in_fresh_process(tmp_path, {cifar_dir: images, lm_dir: tokens})
+    served = serve_in_fresh_process(tmp_path, {cifar_dir: images})
 
     assert str(served[cifar_dir]["name"]) == "images"
-    assert str(served[lm_dir]["name"]) == "tokens"
     metadata = json.load(open(os.path.join(cifar_dir, "assets.extra/export.json")))
     assert metadata["compute_dtype"] == "float32" and metadata["inputs"]["images"]["dtype"] == "uint8"
     assert metadata["training_precision"] == "mixed_bfloat16"
@@ -82,10 +71,6 @@ def test_a_fresh_process_serves_the_trained_models_predictions(tmp_path):
     bfloat16_logits = cifar.model(features, training=False).numpy()
     np.testing.assert_allclose(logits, bfloat16_logits, atol=0.1)  # bfloat16's precision
 
-    lm = build(lm_config, tmp_path / "lm")
-    lm.restore()
-    np.testing.assert_allclose(served[lm_dir]["logits"], lm.model(tokens).numpy(),
-                               rtol=1e-4, atol=1e-4)
 
 
 def test_a_bad_checkpoint_is_a_clear_error_and_writes_nothing(tmp_path):

@@ -23,7 +23,7 @@ def weights(trainer):
 
 
 def lm(tmp_path, **overrides):
-    """A 2-block byte LM that checkpoints at step 4."""
+    """A 2-block LM that checkpoints at step 4."""
     return tiny_lm(tmp_path, **{"model.num_layers": 2, "optimizer.warmup_steps": 0,
                                 "trainer.checkpoint_every": 4, **overrides})
 
@@ -37,11 +37,11 @@ def test_an_unchanged_lm_relaunch_continues(tmp_path):
 
 @pytest.mark.parametrize("first, change, missing, unexpected, mismatched", [
     # (the final LayerNorm is the model's third, not its fifth: another name)
-    ({}, {"model.num_layers": 1}, r"byte_lm/layer_normalization_2/gamma \[32\]",
-     r"byte_lm/block_1/dense_\d/kernel \[32, 64\]", None),
-    ({"model.tie_embeddings": False}, {}, None, r"byte_lm/dense_\d/kernel \[32, 256\]", None),
+    ({}, {"model.num_layers": 1}, r"lm/layer_normalization_2/gamma \[32\]",
+     r"lm/block_1/dense_\d/kernel \[32, 64\]", None),
+    ({"model.tie_embeddings": False}, {}, None, r"lm/dense_\d/kernel \[32, 256\]", None),
     ({}, {"model.mlp_dim": 32}, None, None,
-     r"byte_lm/block/dense/kernel: checkpoint \[32, 64\] float32, this run \[32, 32\]"),
+     r"lm/block/dense/kernel: checkpoint \[32, 64\] float32, this run \[32, 32\]"),
 ])
 def test_a_changed_lm_is_refused_naming_the_variables(tmp_path, first, change, missing,
                                                       unexpected, mismatched):
@@ -214,7 +214,7 @@ def test_weight_decay_skips_biases_norms_and_embeddings(tmp_path):
     decayed = {n for n, v in trainer.variable_names.items()
                if v.trainable and trainer.optimizer._use_weight_decay(v)}
     assert decayed and all(n.endswith("/kernel") for n in decayed), decayed
-    assert "byte_lm/embedding/embeddings" not in decayed
+    assert "lm/embedding/embeddings" not in decayed
 
 
 def test_a_workdir_of_the_old_layout_is_refused_and_warm_starts_a_new_one(tmp_path):

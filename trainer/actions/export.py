@@ -90,12 +90,14 @@ def export(config, task, workdir, checkpoint=None, layer_policies=None):
                 for name, t in task.serving_outputs(outputs).items()}
 
     served = serve.get_concrete_function(*flat_spec).structured_outputs
+    endpoints = task.serving_endpoints(model)
     metadata = {"step": step, "checkpoint": checkpoint, "weights": weights,
                 "compute_dtype": compute_dtype,
                 "training_precision": config.precision, "task": config.task.name,
                 "inputs": {s.name: {"dtype": s.dtype.name, "shape": s.shape.as_list()}
                            for s in flat_spec},
-                "outputs": {name: t.dtype.name for name, t in served.items()}}
+                "outputs": {name: t.dtype.name for name, t in served.items()},
+                "endpoints": ["serving_default", *endpoints]}
     existing = read_json(os.path.join(directory, METADATA), "an export's metadata")
     complete = gfile.exists(os.path.join(directory, COMPLETE))
     if existing == metadata and complete:
@@ -114,6 +116,8 @@ def export(config, task, workdir, checkpoint=None, layer_policies=None):
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint("serve", serve, input_signature=flat_spec)  # also serving_default
+    for name, (function, signature) in endpoints.items():
+        archive.add_endpoint(name, function, input_signature=signature)
     temporary = f"{directory}.tmp-{uuid.uuid4().hex[:8]}"  # no half-written export/<step>
     absl_logger = std_logging.getLogger("absl")
     level = absl_logger.level

@@ -4,7 +4,7 @@ from absl import logging
 
 from trainer.loop.action import Action
 from trainer.loop.goodput import bottleneck, breakdown
-from trainer.step.evaluation import format_metrics, with_metrics_of_loss
+from trainer.step.evaluation import format_metrics, with_derived_metrics
 from trainer.step.optimizers import build_learning_rate
 
 
@@ -48,7 +48,7 @@ class LogTrain(Action):
             **{f"time/{k}": v for k, v in shares.items()}}, step)
         bound = bottleneck(shares, trainer.task.input_remedy())
         logs.update({f"train/{k}": v for k, v in scalars.items()})
-        shown = {m.name for m in trainer.train_metrics} | set(trainer.task.metrics_of_loss())
+        shown = {m.name for m in trainer.train_metrics} | set(trainer.task.derived_metrics())
         metrics = {k: v for k, v in results.items() if k in shown}  # derived already
         eta = (trainer.train_steps - step) / max(steps_per_sec, 1e-9)
         logging.info("step %d/%d: %s | %.0f ex/s%s, %.2f steps/s, ETA %s%s", step,
@@ -60,7 +60,7 @@ def train_results(trainer):
     """The train metrics since the last call, with the learning rate the last step used
     (as per-step summaries write it; the optimizer's `learning_rate` is the next
     step's), the current loss scale and the skipped steps; resets the metrics."""
-    results = with_metrics_of_loss(trainer.task, {m.name: float(m.result())
+    results = with_derived_metrics(trainer.task, {m.name: float(m.result())
                                                   for m in trainer.train_metrics})
     schedule = build_learning_rate(trainer.config.optimizer, trainer.train_steps)
     last_step = max(int(trainer.step.numpy()) - 1, 0)

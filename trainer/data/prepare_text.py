@@ -33,8 +33,7 @@ class BadDocument(ValueError):
 def read_documents(path, fmt, text_key, skip_bad):
     """[(name, UTF-8 bytes)] of one file, and the count of bad documents skipped (each bad
     document is an error naming it unless `skip_bad`)."""
-    with open(path, "rb") as f:
-        content = f.read()
+    content = read_file(path)
     if not content.strip():
         return [], _bad(f"{path} is empty", skip_bad)
     if fmt == "text":
@@ -61,6 +60,17 @@ def read_documents(path, fmt, text_key, skip_bad):
     return documents, skipped
 
 
+def read_file(path):
+    """A local or remote (gs://...) file's bytes; an error naming it."""
+    try:
+        if "://" in path:
+            return token_shards.gfile().GFile(path, "rb").read()
+        with open(path, "rb") as f:
+            return f.read()
+    except Exception as e:  # OSError, or TensorFlow's for a remote file
+        raise BadDocument(f"Cannot read {path}: {e}") from e
+
+
 def _bad(what, skip_bad):
     """1 (one document skipped), or the error that names it."""
     if not skip_bad:
@@ -75,13 +85,14 @@ def held_out(text, fraction):
 
 
 def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key="text",
-            eval_fraction=0.01, skip_bad=False, processes=None):
+            eval_fraction=0.01, skip_bad=False, processes=None, inputs=None):
     """Writes the train and eval splits of `directory` from the files of `fmt` with
     `processes` (default: the cores this process may use); returns {split: record} and
     "skipped" (the bad documents left out with `skip_bad`).
     Without `eval_files`, the documents `held_out` at `eval_fraction` validate and the
     rest train. `tokenizer`: an object with `identity` (a dict) and
-    `encode(bytes) -> ids`."""
+    `encode(bytes) -> ids`. `inputs`: what meta.json records as read (trainer/data/
+    text_corpus.py compares it before preparing again)."""
     if fmt not in FORMATS:
         raise ValueError(f"data.format={fmt!r} is unknown for text; choose one of {FORMATS}.")
     if not train_files:
@@ -94,7 +105,7 @@ def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key=
     token_shards.begin(directory, ("train", "eval"), tokenizer.identity)
     writers = {s: token_shards.SplitWriter(directory, s, tokenizer.identity)
                for s in ("train", "eval")}
-    sizes = [os.path.getsize(path) for path, _, _ in jobs]
+    sizes = [token_shards.file_size(path) or 0 for path, _, _ in jobs]
     progress = _Progress(sum(sizes))
     for size, (documents, skipped) in zip(sizes, _tokenized(
             jobs, fmt, text_key, skip_bad, tokenizer, processes)):
@@ -107,7 +118,7 @@ def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key=
             raise ValueError(f"The {split} split has no document (eval_fraction="
                              f"{eval_fraction} of {records['train']['documents']} training "
                              "documents, or empty eval files): give it documents.")
-    token_shards.commit(directory, records)
+    token_shards.commit(directory, records, inputs)
     progress.done(records)
     return dict(records, skipped=progress.skipped)
 

@@ -3,22 +3,25 @@
 The layout is Megatron's `.bin`/`.idx` idea, kept to what an exact, topology-independent
 resume needs (nanoGPT memory-maps a flat token file the same way):
 
-    <directory>/<split>.bin    every document's token ids, in order, little-endian
-                               uint16 when the vocabulary fits (<= 65,536 ids), else uint32
-    <directory>/<split>.idx    int64 [documents + 1]: where each document starts in .bin,
-                               then the total
-    <directory>/meta.json      the tokenizer's identity, the dtype, and per split the
-                               documents, tokens and file sizes
+    <directory>/<split>.bin    the packed documents: each one's token ids after the
+                               tokenizer's separator, little-endian uint16 when the
+                               vocabulary fits (<= 65,536 ids), else uint32
+    <directory>/<split>.idx    int64 [documents + 1]: where each document (its
+                               separator) starts in .bin, then the total
+    <directory>/meta.json      the tokenizer's identity, the dtype, per split the
+                               documents, tokens and file sizes, and what was read
 
 A write names no split complete while it runs (`begin`), writes each split beside the
 old files (`SplitWriter`), then moves them in and names them all in one meta.json
 (`commit`): a kill at any point leaves every split it touched incomplete, never a mix
 of two writes, and a reader that maps the old files keeps them. NumPy's memory maps read
-a window without reading the rest: resident memory does not grow with the corpus.
+a window without reading the rest: resident memory does not grow with the corpus. A
+remote directory (gs://) is read window by window through tf.io.gfile.
 """
 
 import json
 import os
+import threading
 
 import numpy as np
 
@@ -51,6 +54,7 @@ class SplitWriter:
 
     def __init__(self, directory, split, tokenizer):
         self.directory, self.split, self.vocab_size = directory, split, tokenizer["vocab_size"]
+        self.separator = np.asarray([tokenizer["separator"]])
         self.dtype = token_dtype(self.vocab_size)
         bin_path, idx_path = _paths(directory, split)
         self._tokens, self._index = open(bin_path + ".tmp", "wb"), open(idx_path + ".tmp", "wb")
@@ -63,8 +67,9 @@ class SplitWriter:
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
             raise ValueError(f"{name}: a token id is outside [0, {self.vocab_size}) (the "
                              "tokenizer's vocabulary).")
+        self._tokens.write(self.separator.astype(self.dtype).tobytes())
         self._tokens.write(ids.astype(self.dtype).tobytes())
-        self.documents, self.total = self.documents + 1, self.total + ids.size
+        self.documents, self.total = self.documents + 1, self.total + 1 + ids.size
         self._index.write(np.asarray([self.total], INDEX_DTYPE).tobytes())
 
     def close(self):
@@ -78,20 +83,29 @@ class SplitWriter:
                 "idx_bytes": (self.documents + 1) * INDEX_DTYPE.itemsize}
 
 
-def commit(directory, records):
-    """Moves the written splits ({split: record}) in and names them complete at once."""
+def commit(directory, records, inputs=None):
+    """Moves the written splits ({split: record}) in and names them complete at once,
+    with `inputs` (what they were made from: a JSON-able record, see `inputs`)."""
     for split in records:
         for path in _paths(directory, split):
             os.replace(path + ".tmp", path)
     _sync_directory(directory)
     meta = _read_meta(directory)
     meta["splits"].update(records)
+    meta["inputs"] = inputs
     _write_meta(directory, meta)
 
 
+def inputs(directory):
+    """The `inputs` record of the last complete prepare of `directory`, or None."""
+    meta = _read_meta(directory)
+    return meta.get("inputs") if meta else None
+
+
 class Split:
-    """A complete split: `tokens` and `offsets` (int64 [documents + 1]), both memory
-    maps."""
+    """A complete split: `tokens` (the packed documents) and `offsets` (int64
+    [documents + 1]), memory maps of local files, or arrays read on demand from remote
+    ones."""
 
     def __init__(self, tokens, offsets):
         self.tokens, self.offsets = tokens, offsets
@@ -101,7 +115,18 @@ class Split:
         return len(self.offsets) - 1
 
     def document(self, i):
-        return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+        """Document i's ids, without the separator before it."""
+        return self.tokens[self.offsets[i] + 1:self.offsets[i + 1]]
+
+    def windows(self, starts, length):
+        """int32 [len(starts), length]: the tokens from each start."""
+        starts = np.asarray(starts, np.int64)
+        if isinstance(self.tokens, np.ndarray):  # a memory map: one gather
+            return self.tokens[starts[:, None] + np.arange(length)].astype(np.int32)
+        out = np.zeros([len(starts), length], np.int32)
+        for row, start in enumerate(starts):
+            out[row] = self.tokens[start:start + length]
+        return out
 
 
 def open_split(directory, split, tokenizer):
@@ -115,21 +140,62 @@ def open_split(directory, split, tokenizer):
     if meta["tokenizer"] != tokenizer:
         raise ValueError(_other_tokenizer(directory, meta["tokenizer"], tokenizer))
     record, (bin_path, idx_path) = meta["splits"][split], _paths(directory, split)
+    remote = _is_remote(directory)
     for path, key in ((bin_path, "bin_bytes"), (idx_path, "idx_bytes")):
-        size = os.path.getsize(path) if os.path.exists(path) else None
+        size = file_size(path)
         if size != record[key]:
             raise ValueError(
                 f"{path} has {size if size is not None else 'no'} bytes, but {META} "
                 f"records {record[key]}: the file was truncated or replaced after it was "
                 "prepared. Prepare the split again.")
-    offsets = np.memmap(idx_path, INDEX_DTYPE, mode="r")
+    offsets = (np.frombuffer(gfile().GFile(idx_path, "rb").read(), INDEX_DTYPE) if remote
+               else np.memmap(idx_path, INDEX_DTYPE, mode="r"))
     if offsets[0] != 0 or offsets[-1] != record["tokens"]:
         raise ValueError(f"{idx_path} does not index the {record['tokens']} tokens "
                          f"{META} records: prepare the split again.")
     dtype = np.dtype(meta["dtype"])
-    tokens = (np.memmap(bin_path, dtype, mode="r") if record["tokens"]
-              else np.zeros([0], dtype))  # (numpy cannot map an empty file)
+    if remote:
+        tokens = _RemoteTokens(bin_path, dtype, record["tokens"])
+    else:
+        tokens = (np.memmap(bin_path, dtype, mode="r") if record["tokens"]
+                  else np.zeros([0], dtype))  # (numpy cannot map an empty file)
     return Split(tokens, offsets)
+
+
+class _RemoteTokens:
+    """A remote .bin read by slices (one ranged read each): what a memory map is for a
+    local file. One open file, read under a lock (tf.data's threads share it)."""
+
+    def __init__(self, path, dtype, length):
+        self.path, self.dtype, self.length = path, dtype, length
+        self._file, self._lock = None, threading.Lock()
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, window):
+        start, stop, _ = window.indices(self.length)
+        with self._lock:
+            if self._file is None:
+                self._file = gfile().GFile(self.path, "rb")
+            self._file.seek(start * self.dtype.itemsize)
+            data = self._file.read(max(stop - start, 0) * self.dtype.itemsize)
+        return np.frombuffer(data, self.dtype)
+
+
+def _is_remote(path):
+    return "://" in path
+
+
+def gfile():
+    import tensorflow as tf  # only for a remote directory: a prepare's processes need none
+    return tf.io.gfile
+
+
+def file_size(path):
+    if _is_remote(path):
+        return gfile().stat(path).length if gfile().exists(path) else None
+    return os.path.getsize(path) if os.path.exists(path) else None
 
 
 def _paths(directory, split):
@@ -138,6 +204,8 @@ def _paths(directory, split):
 
 def _read_meta(directory):
     path = os.path.join(directory, META)
+    if _is_remote(path):
+        return json.loads(gfile().GFile(path).read()) if gfile().exists(path) else None
     if not os.path.exists(path):
         return None
     with open(path) as f:

@@ -1,8 +1,10 @@
-"""Tokenizers for preparing text: bytes, or a SentencePiece model (the `text` extra).
+"""Tokenizers for text: bytes, or a SentencePiece model (the `text` extra).
 
 A tokenizer has an `identity` (a dict that token shards record, so shards made by
-another tokenizer are refused) and `encode(utf8_bytes) -> ids`. It is pickled into the
-processes of a prepare, so it holds its model as bytes, not as a loaded processor.
+another tokenizer are refused), a `separator` id that starts every document in a shard,
+`encode(utf8_bytes) -> ids`, `decode(ids) -> str` and `token_bytes()`, the UTF-8 bytes
+each id stands for (for bits per byte). It is pickled into the processes of a prepare,
+so it holds its model as bytes, not as a loaded processor.
 """
 
 import hashlib
@@ -12,46 +14,81 @@ import numpy as np
 
 
 class ByteTokenizer:
-    """Bytes are tokens: every byte is kept, valid UTF-8 or not."""
+    """Bytes are tokens (ids 0-255), and 256 separates documents: every byte is kept,
+    valid UTF-8 or not."""
 
-    identity = {"kind": "bytes", "vocab_size": 256}
+    separator = 256
+    identity = {"kind": "bytes", "vocab_size": 257, "separator": 256}
 
     @staticmethod
     def encode(text):
         return np.frombuffer(text, np.uint8)
 
+    @staticmethod
+    def decode(ids):
+        """UTF-8 text of the byte ids (a separator ends it; a cut sequence is replaced)."""
+        ids = list(ids)
+        ids = ids[:ids.index(256)] if 256 in ids else ids
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    @staticmethod
+    def token_bytes():
+        return np.ones(257, np.float32)  # the separator counts as one byte, as a newline
+
 
 class SentencePieceTokenizer:
-    """A SentencePiece model (`.model` bytes). Trained here with byte fallback, so no
-    text is unknown: a character outside the vocabulary becomes its UTF-8 bytes."""
+    """A SentencePiece model (`.model` bytes) whose end-of-sentence id separates
+    documents. Trained here with byte fallback, so no text is unknown: a character
+    outside the vocabulary becomes its UTF-8 bytes."""
 
-    def __init__(self, model_proto):
+    def __init__(self, model_proto, source="a SentencePiece model"):
         self.model_proto = bytes(model_proto)
         self._processor = None
-        self.identity = {"kind": "sentencepiece", "vocab_size": self.processor.vocab_size(),
+        processor = self.processor
+        self.separator = processor.eos_id()
+        if self.separator < 0:
+            raise ValueError(f"{source} has no end-of-sentence piece (eos_id=-1), which "
+                             "separates documents: train it with one (the default).")
+        self.identity = {"kind": "sentencepiece", "vocab_size": processor.vocab_size(),
+                         "separator": self.separator,
                          "model_sha256": hashlib.sha256(self.model_proto).hexdigest()}
 
     @classmethod
     def load(cls, path):
-        with open(path, "rb") as f:
-            return cls(f.read())
+        try:
+            with open(path, "rb") as f:
+                proto = f.read()
+        except OSError as e:
+            raise FileNotFoundError(f"Cannot read the SentencePiece model {path} "
+                                    f"(tokenizer.model): {e.strerror}.") from e
+        try:
+            return cls(proto, source=path)
+        except RuntimeError as e:  # sentencepiece's error for a file that is no model
+            raise ValueError(f"{path} (tokenizer.model) is not a SentencePiece model: "
+                             f"{e}.") from e
 
     @classmethod
     def train(cls, documents, vocab_size):
         """A model of `vocab_size` pieces trained on the lines of `documents` (UTF-8 bytes
-        each), with byte fallback and digits split, and no normalization: the text a
-        model reads and writes keeps its newlines, runs of spaces and every character.
-        One thread, unshuffled: the same documents give the same model."""
+        each), with byte fallback and digits split, and no normalization or added
+        prefix: decode(encode(text)) is the text, newlines, runs of spaces and every
+        character kept. One thread, unshuffled: the same documents give the same model."""
         spm = _sentencepiece()
         model = io.BytesIO()
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=(line for d in documents for line in d.decode(
-                "utf-8", errors="replace").splitlines() if line.strip()),
-            model_writer=model, vocab_size=vocab_size, model_type="unigram",
-            byte_fallback=True, split_digits=True, character_coverage=0.9995,
-            normalization_rule_name="identity", remove_extra_whitespaces=False,
-            input_sentence_size=0, shuffle_input_sentence=False,
-            num_threads=1, max_sentence_length=1 << 16, minloglevel=2)
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=(line for d in documents for line in d.decode(
+                    "utf-8", errors="replace").splitlines() if line.strip()),
+                model_writer=model, vocab_size=vocab_size, model_type="unigram",
+                byte_fallback=True, split_digits=True, character_coverage=0.9995,
+                normalization_rule_name="identity", remove_extra_whitespaces=False,
+                add_dummy_prefix=False, input_sentence_size=0,
+                shuffle_input_sentence=False, num_threads=1, max_sentence_length=1 << 16,
+                minloglevel=2)
+        except RuntimeError as e:  # e.g. too few distinct pieces for the vocabulary
+            raise ValueError(f"Cannot train a SentencePiece vocabulary of {vocab_size} "
+                             f"pieces on these documents: {e}. Use a smaller "
+                             "tokenizer.vocab_size or more text.") from e
         return cls(model.getvalue())
 
     @property
@@ -67,10 +104,24 @@ class SentencePieceTokenizer:
                           np.int64)
 
     def decode(self, ids):
-        return self.processor.decode([int(i) for i in ids])
+        """The text of `ids`, up to a separator."""
+        ids = [int(i) for i in ids]
+        return self.processor.decode(ids[:ids.index(self.separator)]
+                                     if self.separator in ids else ids)
+
+    def token_bytes(self):
+        """UTF-8 bytes of each piece as decoded: a byte piece is one, a control piece
+        none, and the separator one (as a newline)."""
+        p = self.processor
+        sizes = [1 if p.is_byte(i) else 0 if p.is_control(i) or p.is_unknown(i)
+                 else len(p.id_to_piece(i).replace("\u2581", " ").encode())
+                 for i in range(p.vocab_size())]
+        sizes[self.separator] = 1
+        return np.asarray(sizes, np.float32)
 
     def __getstate__(self):  # a loaded processor does not pickle; each process loads its own
-        return {"model_proto": self.model_proto, "identity": self.identity}
+        return {"model_proto": self.model_proto, "identity": self.identity,
+                "separator": self.separator}
 
     def __setstate__(self, state):
         self.__dict__.update(state, _processor=None)

@@ -7,7 +7,7 @@ import functools
 from collections.abc import Callable
 
 from trainer.modes import (continuous_eval, eval as eval_mode, export, find_batch_size,
-                           find_lr, precision_check, sample, train)
+                           find_lr, precision_check, prepare, sample, train)
 from trainer.state.workdir_lock import EVAL_LOCK_NAME, LOCK_NAME
 
 
@@ -56,6 +56,8 @@ MODES = {m.name: m for m in (
     Mode("find_lr", "the learning-rate range test, which prints the rate to use",
          find_lr.run),
     Mode("find_batch_size", "the largest global batch whose step runs", find_batch_size.run),
+    Mode("prepare", "make the data ready to read, once for many runs (a language "
+         "model's token shards: docs/data.md#token-shards)", prepare.run, lock=None),
 )}
 
 

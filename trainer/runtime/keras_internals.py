@@ -1,6 +1,6 @@
 """The private Keras APIs the Trainer relies on, each behind one function.
 
-Keras has no public way to do these four things. Each function checks that
+Keras has no public way to do these things. Each function checks that
 the installed Keras is a version it was written and tested for, and fails
 loudly, naming the private API, on any other: a Keras upgrade then stops a run
 at its start instead of changing its numbers silently.
@@ -87,3 +87,14 @@ def fresh_name_counters():
         for name, count in fresh.items():
             merged[name] = max(merged[name], count)
         global_state.set_global_attribute(NAME_COUNTERS, merged)
+
+
+ATTENTION_PROJECTIONS = ("_query_dense", "_key_dense", "_value_dense", "_output_dense")
+
+
+def attention_projections(attention):
+    """The query, key, value and output EinsumDense layers of a built
+    `keras.layers.MultiHeadAttention`, for decoding with a cache of keys and values
+    (keras_hub's CachedMultiHeadAttention reads the same attributes)."""
+    _check(f"MultiHeadAttention.{'/'.join(ATTENTION_PROJECTIONS)}")
+    return tuple(getattr(attention, name) for name in ATTENTION_PROJECTIONS)

@@ -10,11 +10,11 @@ def format_metrics(metrics):
     return " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
 
 
-def with_metrics_of_loss(task, results):
+def with_derived_metrics(task, results):
     """`results` ({metric name: float}, with the mean "loss") and, after the loss, the
-    metrics the task derives from it (`Task.metrics_of_loss`)."""
-    derived = {name: float(of_loss(results["loss"]))
-               for name, of_loss in task.metrics_of_loss().items()}
+    metrics the task derives from them (`Task.derived_metrics`)."""
+    derived = {name: float(of_results(results))
+               for name, of_results in task.derived_metrics().items()}
     at = list(results).index("loss") + 1
     items = list(results.items())
     return dict(items[:at] + list(derived.items()) + items[at:])
@@ -73,9 +73,9 @@ class Evaluation:
             bar.update(batches, finalize=True)
         else:
             self._loop(iter(dataset))
-        return with_metrics_of_loss(self.task, {m.name: float(m.result()) for m in self.metrics})
+        return with_derived_metrics(self.task, {m.name: float(m.result()) for m in self.metrics})
 
     @property
     def names(self):
         """The names of the metrics `run` returns."""
-        return [m.name for m in self.metrics] + list(self.task.metrics_of_loss())
+        return [m.name for m in self.metrics] + list(self.task.derived_metrics())
