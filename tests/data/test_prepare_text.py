@@ -37,7 +37,7 @@ def test_text_files_are_documents_in_file_order(tmp_path):
                       processes=1)
     assert documents(tmp_path / "out", "train") == train  # bytes keep every byte
     assert documents(tmp_path / "out", "eval") == evaluated
-    assert records["train"]["tokens"] == sum(map(len, train))
+    assert records["train"]["tokens"] == sum(map(len, train)) + len(train)  # + separators
 
 
 def test_without_eval_files_a_fixed_fraction_of_documents_validates(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from trainer.data import token_shards
 
-BYTES = {"kind": "bytes", "vocab_size": 256}
+BYTES = {"kind": "bytes", "vocab_size": 257, "separator": 256}
 DOCUMENTS = [np.array([1, 2, 3]), np.array([], np.int64), np.arange(250, 256)]
 
 
@@ -27,18 +27,20 @@ def write(directory, splits, tokenizer=BYTES):
 
 def test_documents_are_read_back_exactly_by_memory_map(tmp_path):
     records = write(tmp_path, {"train": DOCUMENTS})
-    assert records["train"]["documents"] == 3 and records["train"]["tokens"] == 9
+    assert records["train"]["documents"] == 3 and records["train"]["tokens"] == 3 + 9
     split = token_shards.open_split(str(tmp_path), "train", BYTES)
     assert isinstance(split.tokens, np.memmap) and split.tokens.dtype == np.uint16
     assert isinstance(split.offsets, np.memmap) and split.num_documents == 3
     for i, document in enumerate(DOCUMENTS):
         np.testing.assert_array_equal(split.document(i), document)
-    assert os.path.getsize(tmp_path / "train.bin") == 9 * 2
+    # packed, a separator before each document
+    np.testing.assert_array_equal(split.tokens, [256, 1, 2, 3, 256, 256, *range(250, 256)])
+    assert os.path.getsize(tmp_path / "train.bin") == 12 * 2
 
 
 @pytest.mark.parametrize("vocab_size, dtype", [(65_536, np.uint16), (65_537, np.uint32)])
 def test_ids_are_uint16_while_the_vocabulary_fits(tmp_path, vocab_size, dtype):
-    tokenizer = {"kind": "sentencepiece", "vocab_size": vocab_size}
+    tokenizer = {"kind": "sentencepiece", "vocab_size": vocab_size, "separator": 2}
     top = np.array([0, vocab_size - 1])
     write(tmp_path, {"train": [top]}, tokenizer)
     split = token_shards.open_split(str(tmp_path), "train", tokenizer)
@@ -47,8 +49,8 @@ def test_ids_are_uint16_while_the_vocabulary_fits(tmp_path, vocab_size, dtype):
 
 
 def test_an_id_outside_the_vocabulary_is_refused_naming_the_document(tmp_path):
-    with pytest.raises(ValueError, match=r"document 1: a token id is outside \[0, 256\)"):
-        write(tmp_path, {"train": [np.array([1]), np.array([256])]})
+    with pytest.raises(ValueError, match=r"document 1: a token id is outside \[0, 257\)"):
+        write(tmp_path, {"train": [np.array([1]), np.array([257])]})
 
 
 def test_an_interrupted_rewrite_leaves_every_split_incomplete_and_old_readers_whole(
@@ -71,13 +73,14 @@ def test_a_truncated_shard_is_refused_naming_the_file(tmp_path):
     write(tmp_path, {"train": DOCUMENTS})
     with open(tmp_path / "train.bin", "r+b") as f:
         f.truncate(10)
-    with pytest.raises(ValueError, match=r"train\.bin has 10 bytes, but meta\.json records 18"):
+    with pytest.raises(ValueError, match=r"train\.bin has 10 bytes, but meta\.json records 24"):
         token_shards.open_split(str(tmp_path), "train", BYTES)
 
 
 def test_shards_of_another_tokenizer_are_refused_naming_both(tmp_path):
     write(tmp_path, {"train": DOCUMENTS})
-    other = {"kind": "sentencepiece", "vocab_size": 8000, "model_sha256": "ab12"}
+    other = {"kind": "sentencepiece", "vocab_size": 8000, "separator": 2,
+             "model_sha256": "ab12"}
     with pytest.raises(ValueError, match="prepared with the tokenizer .*'bytes'.* asks for "
                                          ".*'sentencepiece'"):
         token_shards.open_split(str(tmp_path), "train", other)

@@ -39,7 +39,7 @@ def test_an_unchanged_lm_relaunch_continues(tmp_path):
     # (the final LayerNorm is the model's third, not its fifth: another name)
     ({}, {"model.num_layers": 1}, r"lm/layer_normalization_2/gamma \[32\]",
      r"lm/block_1/dense_\d/kernel \[32, 64\]", None),
-    ({"model.tie_embeddings": False}, {}, None, r"lm/dense_\d/kernel \[32, 256\]", None),
+    ({"model.tie_embeddings": False}, {}, None, r"lm/dense_\d/kernel \[32, 257\]", None),
     ({}, {"model.mlp_dim": 32}, None, None,
      r"lm/block/dense/kernel: checkpoint \[32, 64\] float32, this run \[32, 32\]"),
 ])

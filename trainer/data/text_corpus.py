@@ -72,9 +72,11 @@ def ready(data, tokenizer_config, processes=None):
         if not data.prepared:
             raise ValueError("data.train is empty and data.prepared names no shards: set "
                              "one of them.")
+        _check_kind(where, tokenizer_config)
         return where, _tokenizer(where, tokenizer_config, train_documents=None)
     inputs = _inputs(data)
     if token_shards.inputs(where) == inputs:
+        _check_kind(where, tokenizer_config)
         return where, _tokenizer(where, tokenizer_config, train_documents=None)
     if "://" in where:
         raise ValueError(f"{where} (data.prepared) holds no shards of data.train="
@@ -82,6 +84,7 @@ def ready(data, tokenizer_config, processes=None):
                          "with a local data.prepared), then copy the directory there.")
     with _prepare_lock(where):
         if token_shards.inputs(where) == inputs:  # another process prepared them meanwhile
+            _check_kind(where, tokenizer_config)
             return where, _tokenizer(where, tokenizer_config, train_documents=None)
         logging.info("Preparing token shards of data.train=%r in %s.", data.train, where)
         train_files = [path for path, _, _ in inputs["train"]]
@@ -92,6 +95,15 @@ def ready(data, tokenizer_config, processes=None):
             fmt=data.format, text_key=data.text_key, eval_fraction=data.eval_fraction,
             skip_bad=data.skip_bad, processes=processes, inputs=inputs)
     return where, tokenizer
+
+
+def _check_kind(where, tokenizer_config):
+    """Shards of the same files made with another kind of tokenizer are refused, naming
+    both (open_split compares the whole identity once the tokenizer is loaded)."""
+    prepared = token_shards.tokenizer(where)
+    if prepared and prepared["kind"] != tokenizer_config.kind:
+        raise ValueError(token_shards.other_tokenizer(where, prepared,
+                                                      tokenizer_config.to_dict()))
 
 
 def _inputs(data):

@@ -43,7 +43,7 @@ def begin(directory, splits, tokenizer):
     meta = _read_meta(directory) or {"splits": {}}
     kept = {s: r for s, r in meta["splits"].items() if s not in splits}
     if kept and meta["tokenizer"] != tokenizer:
-        raise ValueError(_other_tokenizer(directory, meta["tokenizer"], tokenizer))
+        raise ValueError(other_tokenizer(directory, meta["tokenizer"], tokenizer))
     _write_meta(directory, {"tokenizer": tokenizer, "dtype": token_dtype(
         tokenizer["vocab_size"]).str, "splits": kept})
 
@@ -96,6 +96,12 @@ def commit(directory, records, inputs=None):
     _write_meta(directory, meta)
 
 
+def tokenizer(directory):
+    """The identity of the tokenizer `directory`'s shards were made with, or None."""
+    meta = _read_meta(directory)
+    return meta["tokenizer"] if meta else None
+
+
 def inputs(directory):
     """The `inputs` record of the last complete prepare of `directory`, or None."""
     meta = _read_meta(directory)
@@ -138,7 +144,7 @@ def open_split(directory, split, tokenizer):
             f"{directory} holds no complete {split!r} split (an interrupted or never-run "
             "prepare): prepare it again.")
     if meta["tokenizer"] != tokenizer:
-        raise ValueError(_other_tokenizer(directory, meta["tokenizer"], tokenizer))
+        raise ValueError(other_tokenizer(directory, meta["tokenizer"], tokenizer))
     record, (bin_path, idx_path) = meta["splits"][split], _paths(directory, split)
     remote = _is_remote(directory)
     for path, key in ((bin_path, "bin_bytes"), (idx_path, "idx_bytes")):
@@ -232,7 +238,7 @@ def _sync_directory(directory):
         os.close(fd)
 
 
-def _other_tokenizer(directory, prepared, asked):
+def other_tokenizer(directory, prepared, asked):
     return (f"{directory} was prepared with the tokenizer {prepared}, but this config asks "
             f"for {asked}: prepare into another directory, or set the tokenizer it was "
             "prepared with.")

@@ -85,10 +85,12 @@ class SentencePieceTokenizer:
                 add_dummy_prefix=False, input_sentence_size=0,
                 shuffle_input_sentence=False, num_threads=1, max_sentence_length=1 << 16,
                 minloglevel=2)
-        except RuntimeError as e:  # e.g. too few distinct pieces for the vocabulary
-            raise ValueError(f"Cannot train a SentencePiece vocabulary of {vocab_size} "
-                             f"pieces on these documents: {e}. Use a smaller "
-                             "tokenizer.vocab_size or more text.") from e
+        except RuntimeError as e:
+            raise ValueError(
+                f"Cannot train a SentencePiece vocabulary of {vocab_size} pieces on these "
+                f"documents ({e}). It holds the 256 byte pieces, 3 control pieces and the "
+                "text's characters first, and the text must give the rest: change "
+                "tokenizer.vocab_size or give more text.") from e
         return cls(model.getvalue())
 
     @property
