@@ -125,11 +125,14 @@ class LMTask(Task):
         return {"bits_per_byte": lambda r: r["loss"] / math.log(2.0) * r["scored_tokens"]
                 / max(r["target_bytes"], 1.0)}
 
+    @functools.cached_property
+    def graph_tokenizer(self):
+        return generation.GraphTokenizer(self.tokenizer)
+
     def serving_input(self):
         """A batch of texts; the model reads each as the end of a document."""
-        graph_tokenizer = generation.GraphTokenizer(self.tokenizer)
         return (tf.TensorSpec([None], tf.string, name="text"),
-                lambda text: graph_tokenizer.windows(text, self.seq_len))
+                lambda text: self.graph_tokenizer.windows(text, self.seq_len))
 
     def serving_outputs(self, outputs):
         last = outputs[:, -1]
@@ -138,12 +141,14 @@ class LMTask(Task):
     def serving_endpoints(self, model):
         """`generate`: texts in, each one's continuation out (sample.* settings)."""
         s = self.config.sample
-        sampler = generation.Sampler(model, generation.GraphTokenizer(self.tokenizer),
-                                     self.seq_len)
+        sampler = generation.Sampler(model, self.graph_tokenizer, self.seq_len)
         generate = tf.function(lambda text, seed: sampler.generate(
             text, s.num_tokens, s.temperature, s.top_k, seed))
         return {"generate": (generate, [tf.TensorSpec([None], tf.string, name="text"),
                                         tf.TensorSpec([], tf.int32, name="seed")])}
+
+    def serving_resources(self):
+        return [self.graph_tokenizer]
 
     def eval_sample(self, model):
         s = self.config.sample
@@ -155,8 +160,7 @@ class LMTask(Task):
         s = self.config.sample
         prompt = s.prompt if prompt is None else prompt
         if getattr(self, "_sampler", None) is None or self._sampler.model is not model:
-            self._sampler = generation.Sampler(
-                model, generation.GraphTokenizer(self.tokenizer), self.seq_len)
+            self._sampler = generation.Sampler(model, self.graph_tokenizer, self.seq_len)
         text = self._sampler.generate(
             tf.constant([prompt]), s.num_tokens if num_tokens is None else num_tokens,
             s.temperature, s.top_k, s.seed)

@@ -103,6 +103,11 @@ class Task(abc.ABC):
         `serving_default` (a language model's `generate`, text in and text out)."""
         return {}
 
+    def serving_resources(self):
+        """TensorFlow resources the serving functions use besides the model's variables
+        (a tokenizer's model, a lookup table): the SavedModel keeps them."""
+        return []
+
     def prepare_data(self):
         """Makes the data ready to read, once for many runs (a language model's token
         shards), and returns what it made, for `--mode=prepare`; training calls it

@@ -11,11 +11,13 @@ from tasks.models.decoder import document_mask
 from trainer.runtime.keras_internals import attention_projections
 
 
-class GraphTokenizer:
+class GraphTokenizer(tf.Module):
     """A tokenizer of trainer/data/tokenizers.py as TensorFlow ops (SentencePiece through
-    tensorflow-text, the `text` extra): it runs in tf.function and in a SavedModel."""
+    tensorflow-text, the `text` extra): it runs in tf.function, and in a SavedModel that
+    tracks it (its model is a resource)."""
 
     def __init__(self, tokenizer):
+        super().__init__(name="tokenizer")
         self.separator = tokenizer.separator
         if tokenizer.identity["kind"] == "bytes":
             self._model = None

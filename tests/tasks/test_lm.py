@@ -3,6 +3,9 @@ byte for each tokenizer, the document mask, cached sampling, and the same exampl
 step on any topology."""
 
 import math
+import os
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -10,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import support
-from support import scalars, two_replicas
+from support import ROOT, kill_relaunch_and_compare, scalars, two_replicas
 from support.lm import TEXT, tiny_lm, write_corpus
 from tasks.models.decoder import DecoderLM
 from tasks.models.generation import GraphTokenizer, Sampler
@@ -21,6 +24,14 @@ from trainer.task import get_task
 
 def build(config, workdir, strategy=None):
     return support.build(config, workdir / "run", strategy)
+
+
+def launch(*args):
+    """launch.py with `args`, which must succeed."""
+    run = subprocess.run([sys.executable, "launch.py", *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
 
 
 def prose(n_bytes, seed=0):
@@ -208,3 +219,71 @@ def test_lm_mixed_bfloat16_runs(tmp_path):
     results = trainer.train()
     assert trainer.model.blocks[0].compute_dtype == "bfloat16"
     assert np.isfinite(results["loss"]) and results["bits_per_byte"] < 8.0
+
+
+SERVE = """
+import sys
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  (the SentencePiece ops the SavedModel holds)
+loaded = tf.saved_model.load(sys.argv[1])
+text = tf.constant(["the model reads", "caf\\u00e9 \\u2603", ""])
+probabilities = loaded.signatures["serving_default"](text=text)["next_token_probabilities"]
+first = loaded.generate(text, tf.constant(0))
+again = loaded.generate(text, tf.constant(0))
+print(probabilities.shape[0], probabilities.shape[1], float(tf.reduce_sum(probabilities[0])))
+print(all(first.numpy() == again.numpy()), first.shape[0])
+"""
+
+
+@pytest.mark.e2e
+def test_text_files_to_prepare_train_sample_and_an_export_that_takes_strings(tmp_path):
+    """The user's path with SentencePiece, as README gives it: --mode=prepare, training on
+    what it prepared (nothing prepared again), --mode=sample, --mode=export, and a fresh
+    process serving the export on raw strings."""
+    corpus = write_corpus(tmp_path / "text", [prose(3000, seed) for seed in range(12)])
+    common = ["--config=configs/lm.py", f"--config.data.train={corpus}",
+              f"--config.data.prepared={tmp_path / 'tokens'}", "--config.data.eval_fraction=0.2",
+              "--config.tokenizer.kind=sentencepiece", "--config.tokenizer.vocab_size=300",
+              "--config.precision=float32", "--config.distribution.strategy=default",
+              "--config.model.seq_len=32", "--config.model.num_layers=1",
+              "--config.model.d_model=32", "--config.model.num_heads=2",
+              "--config.model.mlp_dim=64", "--config.data.document_mask=True",
+              "--config.optimizer.warmup_steps=2", "--config.trainer.train_steps=10",
+              "--config.trainer.steps_per_loop=5", "--config.trainer.log_every=5",
+              "--config.sample.prompt=the ", "--config.sample.num_tokens=20"]
+    run = launch(*common, f"--workdir={tmp_path / 'prepare'}", "--mode=prepare")
+    assert "Trained a SentencePiece vocabulary of 300 pieces" in run.stderr
+    assert "Ready:" in run.stderr and (tmp_path / "tokens" / "train.bin").exists()
+    workdir = f"--workdir={tmp_path / 'run'}"
+    run = launch(*common, workdir, "--mode=train_and_eval")
+    assert "Preparing" not in run.stderr and "bits_per_byte=" in run.stderr
+    samples = [launch(*common, workdir, "--mode=sample").stdout for _ in range(2)]
+    assert samples[0].startswith("the ") and samples[0] == samples[1]
+    launch(*common, workdir, "--mode=export")
+    served = subprocess.run([sys.executable, "-c", SERVE, str(tmp_path / "run/export/10")],
+                            capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert served.returncode == 0, served.stderr[-3000:]
+    sizes, generated = served.stdout.split("\n")[:2]
+    rows, vocabulary, total = sizes.split()
+    assert (rows, vocabulary) == ("3", "300") and abs(float(total) - 1) < 1e-4
+    assert generated == "True 3"
+
+
+@pytest.mark.e2e
+def test_sigkill_and_relaunch_end_bitwise_equal_to_an_uninterrupted_run(tmp_path):
+    """With dropout and the document mask; the two runs prepare the same shards at once
+    (one prepares, the other waits for it)."""
+    corpus = write_corpus(tmp_path / "text", [prose(2000, seed) for seed in range(8)])
+    kill_relaunch_and_compare([
+        "--config=configs/lm.py", f"--config.data.train={corpus}",
+        f"--config.data.prepared={tmp_path / 'tokens'}", "--config.data.eval_fraction=0.3",
+        "--config.precision=float32", "--config.distribution.strategy=default",
+        "--config.model.seq_len=32", "--config.model.num_layers=1",
+        "--config.model.d_model=32", "--config.model.num_heads=2", "--config.model.mlp_dim=64",
+        "--config.model.dropout=0.2", "--config.data.document_mask=True",
+        "--config.data.global_batch_size=8", "--config.optimizer.warmup_steps=5",
+        "--config.trainer.steps_per_loop=5", "--config.trainer.log_every=5",
+        "--config.trainer.checkpoint_every=10", "--config.trainer.train_steps=30",
+        "--config.trainer.deterministic=True", "--config.trainer.jit_compile=off",
+        "--config.sample.summary_tokens=0", "--mode=train"], tmp_path)

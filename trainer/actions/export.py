@@ -115,6 +115,8 @@ def export(config, task, workdir, checkpoint=None, layer_policies=None):
 
     archive = keras.export.ExportArchive()
     archive.track(model)
+    for resource in task.serving_resources():
+        archive.track(resource)
     archive.add_endpoint("serve", serve, input_signature=flat_spec)  # also serving_default
     for name, (function, signature) in endpoints.items():
         archive.add_endpoint(name, function, input_signature=signature)
