@@ -150,6 +150,27 @@ def test_a_sentencepiece_model_trained_here_keeps_every_character(tmp_path):
         token_shards.open_split(str(tmp_path / "out"), "train", other.identity)
 
 
+@pytest.mark.parametrize("tokenizer", ["bytes", "sentencepiece"])
+def test_invalid_utf8_is_kept_as_bytes_and_counted(tmp_path, caplog, tokenizer):
+    texts = sentencepiece_texts()
+    tokenizer = (ByteTokenizer() if tokenizer == "bytes"
+                 else SentencePieceTokenizer.train(texts, vocab_size=300))
+    broken = b"valid \xc3\xa9, then \xff\xfe and a cut \xe2\x98"
+    paths = write_texts(tmp_path / "train", texts[:5] + [broken, broken + b"!"])
+    records = prepare(str(tmp_path / "out"), paths, paths[:1], tokenizer, processes=1)
+    assert records["invalid_utf8"] == 2
+    assert "2 documents are not valid UTF-8" in caplog.text
+    read = token_shards.open_split(str(tmp_path / "out"), "train", tokenizer.identity)
+    ids = read.document(5)
+    assert tokenizer.token_bytes()[ids].sum() == len(broken)  # every byte counted
+    if tokenizer.identity["kind"] == "bytes":
+        assert bytes(ids.astype(np.uint8)) == broken
+    else:  # the invalid bytes as byte pieces
+        pieces = [tokenizer.processor.id_to_piece(int(i)) for i in ids]
+        assert [p for p in pieces if p.startswith("<0x")][-4:] == [
+            "<0xFF>", "<0xFE>", "<0xE2>", "<0x98>"]
+
+
 @pytest.mark.e2e  # a pool of processes
 def test_a_sentencepiece_prepare_in_a_pool_equals_one_in_this_process(tmp_path):
     texts = sentencepiece_texts()

@@ -88,7 +88,9 @@ def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key=
             eval_fraction=0.01, skip_bad=False, processes=None, inputs=None):
     """Writes the train and eval splits of `directory` from the files of `fmt` with
     `processes` (default: the cores this process may use); returns {split: record} and
-    "skipped" (the bad documents left out with `skip_bad`).
+    "skipped" (the bad documents left out with `skip_bad`) and "invalid_utf8" (the
+    documents kept that are not valid UTF-8: bytes keep them as they are, SentencePiece
+    reads their invalid bytes as byte pieces).
     Without `eval_files`, the documents `held_out` at `eval_fraction` validate and the
     rest train. `tokenizer`: an object with `identity` (a dict) and
     `encode(bytes) -> ids`. `inputs`: what meta.json records as read (trainer/data/
@@ -107,11 +109,11 @@ def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key=
                for s in ("train", "eval")}
     sizes = [token_shards.file_size(path) or 0 for path, _, _ in jobs]
     progress = _Progress(sum(sizes))
-    for size, (documents, skipped) in zip(sizes, _tokenized(
+    for size, (documents, skipped, invalid) in zip(sizes, _tokenized(
             jobs, fmt, text_key, skip_bad, tokenizer, processes)):
         for name, is_eval, ids in documents:
             writers["eval" if is_eval else "train"].add(ids, name)
-        progress.update(size, skipped)
+        progress.update(size, skipped, invalid)
     records = {split: writer.close() for split, writer in writers.items()}
     for split, record in records.items():
         if not record["documents"]:
@@ -120,11 +122,11 @@ def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key=
                              "documents, or empty eval files): give it documents.")
     token_shards.commit(directory, records, inputs)
     progress.done(records)
-    return dict(records, skipped=progress.skipped)
+    return dict(records, skipped=progress.skipped, invalid_utf8=progress.invalid)
 
 
 def _tokenized(jobs, fmt, text_key, skip_bad, tokenizer, processes):
-    """Each job's ([(name, is_eval, ids)], skipped), in order: in this process, or in a
+    """Each job's ([(name, is_eval, ids)], skipped, invalid UTF-8), in order: in this process, or in a
     spawned pool (this process may run TensorFlow's threads, which a fork would copy
     mid-flight) with at most two files per process in flight."""
     processes = min(processes or len(os.sched_getaffinity(0)), len(jobs))
@@ -151,19 +153,29 @@ def _set_tokenizer(tokenizer):
 def _tokenize(job, fmt, text_key, skip_bad):
     path, fraction, is_eval = job
     documents, skipped = read_documents(path, fmt, text_key, skip_bad)
-    return [(name, is_eval or (fraction is not None and held_out(text, fraction)),
-             _WORKER_TOKENIZER.encode(text)) for name, text in documents], skipped
+    return ([(name, is_eval or (fraction is not None and held_out(text, fraction)),
+              _WORKER_TOKENIZER.encode(text)) for name, text in documents], skipped,
+            sum(not _valid_utf8(text) for _, text in documents))
+
+
+def _valid_utf8(text):
+    try:
+        text.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 class _Progress:
     """Logs MB/s and an ETA every PROGRESS_SECONDS, and the counts at the end."""
 
     def __init__(self, total):
-        self.total, self.read, self.skipped = total, 0, 0
+        self.total, self.read, self.skipped, self.invalid = total, 0, 0, 0
         self.start = self.last = time.monotonic()
 
-    def update(self, size, skipped):
+    def update(self, size, skipped, invalid):
         self.read, self.skipped = self.read + size, self.skipped + skipped
+        self.invalid += invalid
         now = time.monotonic()
         if now - self.last >= PROGRESS_SECONDS:
             self.last = now
@@ -180,3 +192,6 @@ class _Progress:
             self.total / 1e6 / max(seconds, 1e-9),
             f"; {self.skipped} bad documents left out (data.skip_bad)" if self.skipped
             else "")
+        if self.invalid:
+            logging.warning("%d documents are not valid UTF-8: their invalid bytes are kept "
+                            "as bytes (byte pieces for SentencePiece).", self.invalid)

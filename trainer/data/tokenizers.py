@@ -9,8 +9,12 @@ so it holds its model as bytes, not as a loaded processor.
 
 import hashlib
 import io
+import re
 
 import numpy as np
+
+
+_INVALID_BYTES = re.compile("([\udc80-\udcff]+)")  # bytes surrogateescape could not decode
 
 
 class ByteTokenizer:
@@ -101,9 +105,20 @@ class SentencePieceTokenizer:
         return self._processor
 
     def encode(self, text):
-        """Ids of `text` (UTF-8 bytes; an invalid sequence becomes U+FFFD first)."""
-        return np.asarray(self.processor.encode(text.decode("utf-8", errors="replace")),
-                          np.int64)
+        """Ids of `text` (UTF-8 bytes); a byte that is not valid UTF-8 becomes its byte
+        piece, as a character outside the vocabulary does."""
+        try:
+            return np.asarray(self.processor.encode(text.decode("utf-8")), np.int64)
+        except UnicodeDecodeError:
+            pass
+        ids = []  # valid runs encoded as text, each invalid byte (a surrogate here) alone
+        for run in _INVALID_BYTES.split(text.decode("utf-8", errors="surrogateescape")):
+            if run and _INVALID_BYTES.fullmatch(run):
+                ids += [self.processor.piece_to_id(f"<0x{ord(c) - 0xDC00:02X}>")
+                        for c in run]
+            elif run:
+                ids += self.processor.encode(run)
+        return np.asarray(ids, np.int64)
 
     def decode(self, ids):
         """The text of `ids`, up to a separator."""
