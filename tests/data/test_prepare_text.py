@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trainer.data import token_shards
-from trainer.data.prepare_text import BadDocument, held_out, prepare
+from trainer.data.prepare_text import BadDocument, document_hash, held_out, prepare
 from trainer.data.tokenizers import ByteTokenizer, SentencePieceTokenizer
 
 BYTES = ByteTokenizer.identity
@@ -81,6 +81,16 @@ def test_an_empty_file_is_named_or_counted(tmp_path, fmt, content):
     records = prepare(str(tmp_path / "out"), paths, paths[:1], ByteTokenizer(), fmt,
                       skip_bad=True, processes=1)
     assert records["skipped"] == 1 and records["train"]["documents"] == 1
+
+
+def test_a_fraction_that_holds_out_nothing_holds_out_the_lowest_hash(tmp_path, caplog):
+    texts = [f"file {i}".encode() for i in range(5)]
+    assert not any(held_out(t, 0.01) for t in texts)
+    records = prepare(str(tmp_path / "out"), write_texts(tmp_path / "train", texts), [],
+                      ByteTokenizer(), eval_fraction=0.01, processes=1)
+    assert documents(tmp_path / "out", "eval") == [min(texts, key=document_hash)]
+    assert records["train"]["documents"] == 4
+    assert "holds out none of 5 documents" in caplog.text
 
 
 @pytest.mark.parametrize("train, fraction, problem", [

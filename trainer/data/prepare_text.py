@@ -79,9 +79,14 @@ def _bad(what, skip_bad):
     return 1
 
 
+def document_hash(text):
+    """A document's place in [0, 2**64), from its text alone."""
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little")
+
+
 def held_out(text, fraction):
-    """Whether the document `text` (bytes) validates: a hash of it, below `fraction`."""
-    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") < fraction * 2**64
+    """Whether the document `text` (bytes) validates: its hash, below `fraction`."""
+    return document_hash(text) < fraction * 2**64
 
 
 def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key="text",
@@ -92,7 +97,8 @@ def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key=
     documents kept that are not valid UTF-8: bytes keep them as they are, SentencePiece
     reads their invalid bytes as byte pieces).
     Without `eval_files`, the documents `held_out` at `eval_fraction` validate and the
-    rest train. `tokenizer`: an object with `identity` (a dict) and
+    rest train; if that holds none out (a corpus of few documents), the one with the
+    lowest hash validates (a second pass). `tokenizer`: an object with `identity` (a dict) and
     `encode(bytes) -> ids`. `inputs`: what meta.json records as read (trainer/data/
     text_corpus.py compares it before preparing again)."""
     if fmt not in FORMATS:
@@ -109,12 +115,21 @@ def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key=
                for s in ("train", "eval")}
     sizes = [token_shards.file_size(path) or 0 for path, _, _ in jobs]
     progress = _Progress(sum(sizes))
+    lowest = 2**64  # the lowest hash of a training document
     for size, (documents, skipped, invalid) in zip(sizes, _tokenized(
             jobs, fmt, text_key, skip_bad, tokenizer, processes)):
-        for name, is_eval, ids in documents:
+        for name, is_eval, ids, place in documents:
             writers["eval" if is_eval else "train"].add(ids, name)
+            lowest = lowest if is_eval else min(lowest, place)
         progress.update(size, skipped, invalid)
     records = {split: writer.close() for split, writer in writers.items()}
+    if not eval_files and not records["eval"]["documents"] and records["train"][
+            "documents"] > 1:
+        logging.warning("eval_fraction=%s holds out none of %d documents: the one whose "
+                        "hash is lowest validates.", eval_fraction, records["train"]["documents"])
+        return prepare(directory, train_files, eval_files, tokenizer, fmt, text_key,
+                       (lowest + 2**12) / 2**64,  # (float rounding: 2**11 at most)
+                       skip_bad, processes, inputs)
     for split, record in records.items():
         if not record["documents"]:
             raise ValueError(f"The {split} split has no document (eval_fraction="
@@ -126,7 +141,8 @@ def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key=
 
 
 def _tokenized(jobs, fmt, text_key, skip_bad, tokenizer, processes):
-    """Each job's ([(name, is_eval, ids)], skipped, invalid UTF-8), in order: in this process, or in a
+    """Each job's ([(name, is_eval, ids, hash)], skipped, invalid UTF-8), in order: in this
+    process, or in a
     spawned pool (this process may run TensorFlow's threads, which a fork would copy
     mid-flight) with at most two files per process in flight."""
     processes = min(processes or len(os.sched_getaffinity(0)), len(jobs))
@@ -153,9 +169,12 @@ def _set_tokenizer(tokenizer):
 def _tokenize(job, fmt, text_key, skip_bad):
     path, fraction, is_eval = job
     documents, skipped = read_documents(path, fmt, text_key, skip_bad)
-    return ([(name, is_eval or (fraction is not None and held_out(text, fraction)),
-              _WORKER_TOKENIZER.encode(text)) for name, text in documents], skipped,
-            sum(not _valid_utf8(text) for _, text in documents))
+    tokenized = []
+    for name, text in documents:
+        place = document_hash(text)
+        tokenized.append((name, is_eval or (fraction is not None and place < fraction * 2**64),
+                          _WORKER_TOKENIZER.encode(text), place))
+    return tokenized, skipped, sum(not _valid_utf8(text) for _, text in documents)
 
 
 def _valid_utf8(text):
