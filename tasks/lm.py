@@ -122,8 +122,21 @@ class LMTask(Task):
         # Bits per byte of text, whatever the tokenizer: the mean loss (nats a token) in
         # bits, times tokens over the bytes they stand for. Runs with different
         # tokenizers compare on it.
-        return {"bits_per_byte": lambda r: r["loss"] / math.log(2.0) * r["scored_tokens"]
-                / max(r["target_bytes"], 1.0)}
+        def bits_per_byte(r):
+            tokens_per_byte = (r["scored_tokens"] / max(r["target_bytes"], 1.0)
+                               if "target_bytes" in r else self._eval_tokens_per_byte)
+            return r["loss"] / math.log(2.0) * tokens_per_byte
+        return {"bits_per_byte": bits_per_byte}
+
+    @functools.cached_property
+    def _eval_tokens_per_byte(self):
+        """Over the evaluated windows' targets: for results without the counts (a
+        model.fit's evaluation of the same windows)."""
+        _, _, _, held_out = self.corpus
+        starts = token_windows.eval_indices(held_out, self.seq_len,
+                                            self.config.data.eval_windows) * self.seq_len
+        targets = held_out.windows(starts, self.seq_len + 1)[:, 1:]
+        return targets.size / self._token_bytes[targets].sum()
 
     @functools.cached_property
     def graph_tokenizer(self):

@@ -126,7 +126,8 @@ def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key=
     if not eval_files and not records["eval"]["documents"] and records["train"][
             "documents"] > 1:
         logging.warning("eval_fraction=%s holds out none of %d documents: the one whose "
-                        "hash is lowest validates.", eval_fraction, records["train"]["documents"])
+                        "hash is lowest validates.", eval_fraction,
+                        records["train"]["documents"])
         return prepare(directory, train_files, eval_files, tokenizer, fmt, text_key,
                        (lowest + 2**12) / 2**64,  # (float rounding: 2**11 at most)
                        skip_bad, processes, inputs)
