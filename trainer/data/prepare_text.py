@@ -11,6 +11,7 @@ point is redone by the next one.
 """
 
 import collections
+import concurrent.futures
 import hashlib
 import json
 import multiprocessing
@@ -23,6 +24,7 @@ from trainer.data import token_shards
 
 FORMATS = ("text", "jsonl")
 PROGRESS_SECONDS = 10.0
+IN_FLIGHT_FILES, IN_FLIGHT_BYTES = 16, 64 << 20  # per process
 _WORKER_TOKENIZER = None  # a pool process's tokenizer, sent once (`_set_tokenizer`)
 
 
@@ -117,7 +119,7 @@ def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key=
     progress = _Progress(sum(sizes))
     lowest = 2**64  # the lowest hash of a training document
     for size, (documents, skipped, invalid) in zip(sizes, _tokenized(
-            jobs, fmt, text_key, skip_bad, tokenizer, processes)):
+            jobs, sizes, fmt, text_key, skip_bad, tokenizer, processes)):
         for name, is_eval, ids, place in documents:
             writers["eval" if is_eval else "train"].add(ids, name)
             lowest = lowest if is_eval else min(lowest, place)
@@ -141,25 +143,32 @@ def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key=
     return dict(records, skipped=progress.skipped, invalid_utf8=progress.invalid)
 
 
-def _tokenized(jobs, fmt, text_key, skip_bad, tokenizer, processes):
+def _tokenized(jobs, sizes, fmt, text_key, skip_bad, tokenizer, processes):
     """Each job's ([(name, is_eval, ids, hash)], skipped, invalid UTF-8), in order: in this
-    process, or in a
-    spawned pool (this process may run TensorFlow's threads, which a fork would copy
-    mid-flight) with at most two files per process in flight."""
+    process, or in spawned processes (this process may run TensorFlow's threads, which a
+    fork would copy mid-flight). In flight: at most IN_FLIGHT_FILES files a process, and
+    IN_FLIGHT_BYTES of them a process (or one file): enough that a large file does not
+    leave the others idle, bounded whatever the corpus. A process that dies (killed, out
+    of memory) ends the prepare with BrokenProcessPool, not a hang."""
     processes = min(processes or len(os.sched_getaffinity(0)), len(jobs))
     if processes <= 1:
         _set_tokenizer(tokenizer)
         yield from (_tokenize(job, fmt, text_key, skip_bad) for job in jobs)
         return
-    with multiprocessing.get_context("spawn").Pool(
-            processes, initializer=_set_tokenizer, initargs=(tokenizer,)) as pool:
-        pending = collections.deque()
-        for job in jobs:
-            pending.append(pool.apply_async(_tokenize, (job, fmt, text_key, skip_bad)))
-            if len(pending) >= 2 * processes:
-                yield pending.popleft().get()
+    with concurrent.futures.ProcessPoolExecutor(
+            processes, mp_context=multiprocessing.get_context("spawn"),
+            initializer=_set_tokenizer, initargs=(tokenizer,)) as pool:
+        pending, in_flight = collections.deque(), 0
+        for job, size in zip(jobs, sizes):
+            while pending and (len(pending) >= IN_FLIGHT_FILES * processes
+                               or in_flight + size > IN_FLIGHT_BYTES * processes):
+                done_size, future = pending.popleft()
+                in_flight -= done_size
+                yield future.result()
+            pending.append((size, pool.submit(_tokenize, job, fmt, text_key, skip_bad)))
+            in_flight += size
         while pending:
-            yield pending.popleft().get()
+            yield pending.popleft()[1].result()
 
 
 def _set_tokenizer(tokenizer):
@@ -171,10 +180,12 @@ def _tokenize(job, fmt, text_key, skip_bad):
     path, fraction, is_eval = job
     documents, skipped = read_documents(path, fmt, text_key, skip_bad)
     tokenized = []
+    vocab_size = _WORKER_TOKENIZER.identity["vocab_size"]
     for name, text in documents:
         place = document_hash(text)
+        ids = token_shards.checked_ids(_WORKER_TOKENIZER.encode(text), vocab_size, name)
         tokenized.append((name, is_eval or (fraction is not None and place < fraction * 2**64),
-                          _WORKER_TOKENIZER.encode(text), place))
+                          ids, place))  # (ids in the shard's dtype: 4x less to send back)
     return tokenized, skipped, sum(not _valid_utf8(text) for _, text in documents)
 
 

@@ -48,6 +48,16 @@ def begin(directory, splits, tokenizer):
         tokenizer["vocab_size"]).str, "splits": kept})
 
 
+def checked_ids(ids, vocab_size, name):
+    """`ids` in the shards' dtype; an error naming document `name` for one outside the
+    vocabulary."""
+    ids = np.asarray(ids)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"{name}: a token id is outside [0, {vocab_size}) (the "
+                         "tokenizer's vocabulary).")
+    return ids.astype(token_dtype(vocab_size), copy=False)
+
+
 class SplitWriter:
     """Streams one split's documents to `<split>.bin.tmp` and `.idx.tmp`: one document
     and one offset at a time in memory."""
@@ -63,12 +73,9 @@ class SplitWriter:
 
     def add(self, ids, name):
         """Appends document `name` (a 1-D integer array of its ids)."""
-        ids = np.asarray(ids)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            raise ValueError(f"{name}: a token id is outside [0, {self.vocab_size}) (the "
-                             "tokenizer's vocabulary).")
+        ids = checked_ids(ids, self.vocab_size, name)
         self._tokens.write(self.separator.astype(self.dtype).tobytes())
-        self._tokens.write(ids.astype(self.dtype).tobytes())
+        self._tokens.write(ids.tobytes())
         self.documents, self.total = self.documents + 1, self.total + 1 + ids.size
         self._index.write(np.asarray([self.total], INDEX_DTYPE).tobytes())
 
