@@ -29,7 +29,7 @@ def get_config():
         text_key="text",
         eval_fraction=0.01,
         skip_bad=False,       # True: leave out (and count) documents that cannot be read
-        max_bytes=0,          # > 0: only the first training files (path order) up to this size
+        max_bytes=0,          # > 0: only the first training files (path order) reaching this size
         # The token shards; "": in the user cache, named by the fields above and the
         # tokenizer's, so runs of one corpus share them. A gs:// directory is read as is.
         prepared="",

@@ -163,6 +163,9 @@ class LMTask(Task):
     def serving_resources(self):
         return [self.graph_tokenizer]
 
+    def serving_settings(self):
+        return {"tokenizer": self.tokenizer.identity, "sample": self.config.sample.to_dict()}
+
     def eval_sample(self, model):
         s = self.config.sample
         return self.generate(model, num_tokens=s.summary_tokens) if s.summary_tokens else None

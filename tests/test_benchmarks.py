@@ -116,3 +116,25 @@ def test_a_benchmark_deletes_only_directories_it_made(tmp_path):
     (tmp_path / "made" / "old_run").write_text("")
     assert scratch.fresh_directory(made) == made
     assert os.listdir(made) == [scratch.MARK]
+
+
+@pytest.mark.e2e
+def test_text_harness_smoke(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(30):
+        (corpus / f"{i}.txt").write_text(" ".join(
+            f"word{(i * 7 + j) % 90} caf\u00e9 {j}" for j in range(200)) + "\n")
+    out = tmp_path / "bench"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.text", "--parts=prepare,input,sampling",
+         f"--corpus={corpus}/*.txt", "--vocab_size=400", "--input_batches=5",
+         f"--out={out}"],
+        cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
+        text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.load(open(out / "results.json"))
+    assert results["prepare"]["documents"] == 30
+    assert {"mapped_over_memory", "memory_windows_s"} <= set(results["input"])
+    assert results["sampling"]["cached_tokens_s"] > 0
+    assert "| mapped_over_memory |" in open(out / "results.md").read()

@@ -103,6 +103,12 @@ class Task(abc.ABC):
         `serving_default` (a language model's `generate`, text in and text out)."""
         return {}
 
+    def serving_settings(self):
+        """{name: JSON-able} the serving functions fix when exported (a tokenizer, how
+        `generate` samples): written in the export's metadata, so an export of the same
+        step with other settings is not taken for the one already there."""
+        return {}
+
     def serving_resources(self):
         """TensorFlow resources the serving functions use besides the model's variables
         (a tokenizer's model, a lookup table): the SavedModel keeps them."""
@@ -110,8 +116,9 @@ class Task(abc.ABC):
 
     def prepare_data(self):
         """Makes the data ready to read, once for many runs (a language model's token
-        shards), and returns what it made, for `--mode=prepare`; training calls it
-        implicitly. The default has nothing to prepare."""
+        shards), and returns a line saying what is ready; `--mode=prepare` calls it, and
+        so does training before it builds anything (where it must be cheap when the data
+        is ready). The default has nothing to prepare."""
         return None
 
     def flops_per_example(self):

@@ -66,8 +66,11 @@ class Sampler:
     half becomes the next context."""
 
     def __init__(self, model, tokenizer, seq_len):
+        if seq_len < 2:
+            raise ValueError(f"model.seq_len={seq_len}: sampling needs a window of at "
+                             "least 2 tokens (a context and a new one).")
         self.model, self.tokenizer, self.seq_len = model, tokenizer, seq_len
-        self.context = max(seq_len // 2, 1)
+        self.context = seq_len // 2
         self._chunk = tf.function(self._chunk_fn)
 
     def generate(self, text, num_tokens, temperature=1.0, top_k=0, seed=0):

@@ -1,4 +1,4 @@
-"""The one transformer block shared by the byte LM (causal) and the ViT (not causal)."""
+"""The one transformer block shared by the language model (causal) and the ViT (not causal)."""
 
 import keras
 import tensorflow as tf

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from support.lm import tiny_lm, write_corpus
 from trainer.data import prepare_text, text_corpus, token_shards
+from trainer.data.tokenizers import SentencePieceTokenizer
 
 
 def fields(tmp_path, *text, **overrides):
@@ -91,14 +92,22 @@ def test_max_bytes_takes_whole_files_in_path_order(tmp_path):
     assert train_documents(where, tokenizer) == [b"a" * 10, b"b" * 10]
 
 
-def test_a_sentencepiece_vocabulary_is_trained_once_and_kept_beside_the_shards(tmp_path):
+def test_a_sentencepiece_vocabulary_is_trained_once_and_kept_beside_the_shards(
+        tmp_path, monkeypatch, caplog):
     text = open(textwrap.__file__, "rb").read()  # real text, present offline
     data, tokenizer_config = fields(tmp_path, text, **{
         "tokenizer.kind": "sentencepiece", "tokenizer.vocab_size": 500})
+    trained = []
+    real_train = SentencePieceTokenizer.train.__func__
+    monkeypatch.setattr(SentencePieceTokenizer, "train", classmethod(
+        lambda cls, *a: trained.append(1) or real_train(cls, *a)))
     where, tokenizer = text_corpus.ready(data, tokenizer_config)
     assert (tmp_path / "tokens" / text_corpus.TOKENIZER_FILE).exists()
     assert tokenizer.identity["vocab_size"] == 500
     assert text_corpus.ready(data, tokenizer_config)[1].identity == tokenizer.identity
+    (tmp_path / "corpus" / "000.txt").write_bytes(text[:len(text) // 2])  # prepared again,
+    assert text_corpus.ready(data, tokenizer_config)[1].identity == tokenizer.identity
+    assert len(trained) == 1 and "the vocabulary trained before" in caplog.text  # not trained
     tokenizer_config.vocab_size = 600
     with pytest.raises(ValueError, match=r"tokenizer\.model has 500 pieces, but "
                                          r"tokenizer\.vocab_size=600"):
@@ -109,9 +118,12 @@ def test_shards_of_another_tokenizer_are_refused_naming_both(tmp_path):
     data, tokenizer_config = fields(tmp_path)
     text_corpus.ready(data, tokenizer_config)
     tokenizer_config.kind = "sentencepiece"
-    with pytest.raises(ValueError, match=r"prepared with the tokenizer \{'kind': 'bytes'.* "
-                                         r"asks for \{'kind': 'sentencepiece'"):
-        text_corpus.ready(data, tokenizer_config)
+    for _ in range(2):  # the same files, then a changed one: refused, never replaced
+        with pytest.raises(ValueError, match=r"prepared with the tokenizer \{'kind': "
+                                             r"'bytes'.* asks for \{'kind': 'sentencepiece'"):
+            text_corpus.ready(data, tokenizer_config)
+        (tmp_path / "corpus" / "000.txt").write_bytes(b"changed")
+    assert token_shards.tokenizer(data.prepared)["kind"] == "bytes"
 
 
 @pytest.mark.parametrize("change, error", [

@@ -2,6 +2,7 @@
 byte for each tokenizer, the document mask, cached sampling, and the same examples per
 step on any topology."""
 
+import json
 import math
 import os
 import subprocess
@@ -19,6 +20,7 @@ from tasks.models.decoder import DecoderLM
 from tasks.models.generation import GraphTokenizer, Sampler
 from trainer.data import token_windows
 from trainer.data.tokenizers import ByteTokenizer
+from trainer.actions.export import export
 from trainer.task import get_task
 
 
@@ -166,6 +168,7 @@ def test_each_step_reads_the_examples_of_one_process_on_any_topology(tmp_path, t
     task = get_task(config)
 
     def steps(pipelines, replicas, start, count):
+        """The sorted windows of `count` global batches from step `start`."""
         per_pipeline = []
         for p in range(pipelines):
             context = tf.distribute.InputContext(pipelines, p, replicas)
@@ -175,14 +178,20 @@ def test_each_step_reads_the_examples_of_one_process_on_any_topology(tmp_path, t
         # replica batch g of the stream: pipeline g % pipelines, its (g // pipelines)-th
         stream = [per_pipeline[g % pipelines][g // pipelines]
                   for g in range(count * replicas)]
-        return [np.sort(np.concatenate(stream[s * replicas:(s + 1) * replicas]), axis=0)
+        return [sorted_rows(np.concatenate(stream[s * replicas:(s + 1) * replicas]))
                 for s in range(count)]
 
     one = steps(1, 1, 0, 6)
+    assert len({tuple(r) for step in one for r in step}) == 6 * 8  # 48 distinct windows
     for a, b in zip(one, steps(*topology, 0, 6)):
-        np.testing.assert_array_equal(np.sort(a, axis=0), b)
+        np.testing.assert_array_equal(a, b)
     for a, b in zip(one[4:], steps(*topology, 4, 2)):  # resumed at step 4 elsewhere
-        np.testing.assert_array_equal(np.sort(a, axis=0), b)
+        np.testing.assert_array_equal(a, b)
+
+
+def sorted_rows(rows):
+    """The windows of a global batch in one order, whichever replica read each."""
+    return rows[np.lexsort(rows.T[::-1])]
 
 
 def test_training_windows_are_the_packed_documents(tmp_path):
@@ -219,6 +228,32 @@ def test_lm_mixed_bfloat16_runs(tmp_path):
     results = trainer.train()
     assert trainer.model.blocks[0].compute_dtype == "bfloat16"
     assert np.isfinite(results["loss"]) and results["bits_per_byte"] < 8.0
+
+
+@pytest.mark.parametrize("kind", ["bytes", "sentencepiece"])
+def test_the_export_serves_the_model_on_strings_tokenized_as_in_training(tmp_path, kind):
+    config = (tiny_lm(tmp_path) if kind == "bytes" else spm_lm(tmp_path)).unlock()
+    config.trainer.update(train_steps=4, steps_per_loop=2, log_every=2, checkpoint_every=4)
+    config.sample.num_tokens = 12
+    trainer = build(config, tmp_path)
+    trainer.train(evaluate=False)
+    served = tf.saved_model.load(export(config, trainer.task, str(tmp_path / "run")))
+    texts = ["the model reads", "caf\u00e9 \u2603 \U0001f600", "", "x" * 100]
+    outputs = served.signatures["serving_default"](text=tf.constant(texts))
+    tokenizer, seq_len = trainer.task.tokenizer, config.model.seq_len
+    windows = []
+    for text in texts:  # as training reads a document: a separator, then its ids
+        ids = [tokenizer.separator, *tokenizer.encode(text.encode())][-seq_len:]
+        windows.append([tokenizer.separator] * (seq_len - len(ids)) + ids)
+    expected = trainer.model(np.asarray(windows, np.int32), training=False)[:, -1].numpy()
+    np.testing.assert_allclose(outputs["next_token_logits"], expected, rtol=1e-4, atol=1e-4)
+    generated = served.generate(tf.constant(texts[:1]), tf.constant(config.sample.seed))
+    assert texts[0] + generated[0].numpy().decode() == trainer.task.generate(
+        trainer.model, texts[0])
+    metadata = json.load(open(tmp_path / "run/export/4/assets.extra/export.json"))
+    assert metadata["endpoints"] == ["serving_default", "generate"]
+    assert metadata["settings"]["sample"]["num_tokens"] == 12
+    assert metadata["settings"]["tokenizer"] == tokenizer.identity
 
 
 SERVE = """

@@ -97,7 +97,8 @@ def export(config, task, workdir, checkpoint=None, layer_policies=None):
                 "inputs": {s.name: {"dtype": s.dtype.name, "shape": s.shape.as_list()}
                            for s in flat_spec},
                 "outputs": {name: t.dtype.name for name, t in served.items()},
-                "endpoints": ["serving_default", *endpoints]}
+                "endpoints": ["serving_default", *endpoints],
+                "settings": task.serving_settings()}
     existing = read_json(os.path.join(directory, METADATA), "an export's metadata")
     complete = gfile.exists(os.path.join(directory, COMPLETE))
     if existing == metadata and complete:

@@ -11,6 +11,7 @@ point is redone by the next one.
 """
 
 import collections
+import contextlib
 import concurrent.futures
 import hashlib
 import json
@@ -88,7 +89,11 @@ def document_hash(text):
 
 def held_out(text, fraction):
     """Whether the document `text` (bytes) validates: its hash, below `fraction`."""
-    return document_hash(text) < fraction * 2**64
+    return document_hash(text) < _threshold(fraction)
+
+
+def _threshold(fraction):
+    return int(fraction * 2**64)
 
 
 def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key="text",
@@ -99,48 +104,62 @@ def prepare(directory, train_files, eval_files, tokenizer, fmt="text", text_key=
     documents kept that are not valid UTF-8: bytes keep them as they are, SentencePiece
     reads their invalid bytes as byte pieces).
     Without `eval_files`, the documents `held_out` at `eval_fraction` validate and the
-    rest train; if that holds none out (a corpus of few documents), the one with the
-    lowest hash validates (a second pass). `tokenizer`: an object with `identity` (a dict) and
-    `encode(bytes) -> ids`. `inputs`: what meta.json records as read (trainer/data/
-    text_corpus.py compares it before preparing again)."""
+    rest train; if that holds none out (a corpus of few documents), the documents with
+    the lowest hash validate (a second pass). `tokenizer`: an object with `identity` (a
+    dict) and `encode(bytes) -> ids`. `inputs`: what meta.json records as read
+    (trainer/data/text_corpus.py compares it before preparing again)."""
     if fmt not in FORMATS:
         raise ValueError(f"data.format={fmt!r} is unknown for text; choose one of {FORMATS}.")
     if not train_files:
         raise ValueError("No training files to prepare: point data.train at text files.")
     if not eval_files and not 0 < eval_fraction < 1:
-        raise ValueError(f"eval_fraction={eval_fraction} must be in (0, 1) without eval "
-                         "files: the held-out fraction of the documents.")
-    jobs = [(p, None if eval_files else eval_fraction, False) for p in train_files]
-    jobs += [(p, None, True) for p in eval_files]
-    token_shards.begin(directory, ("train", "eval"), tokenizer.identity)
-    writers = {s: token_shards.SplitWriter(directory, s, tokenizer.identity)
-               for s in ("train", "eval")}
-    sizes = [token_shards.file_size(path) or 0 for path, _, _ in jobs]
-    progress = _Progress(sum(sizes))
-    lowest = 2**64  # the lowest hash of a training document
-    for size, (documents, skipped, invalid) in zip(sizes, _tokenized(
-            jobs, sizes, fmt, text_key, skip_bad, tokenizer, processes)):
-        for name, is_eval, ids, place in documents:
-            writers["eval" if is_eval else "train"].add(ids, name)
-            lowest = lowest if is_eval else min(lowest, place)
-        progress.update(size, skipped, invalid)
-    records = {split: writer.close() for split, writer in writers.items()}
+        raise ValueError(f"data.eval_fraction={eval_fraction} must be in (0, 1) without "
+                         "eval files: the held-out fraction of the documents.")
+    threshold = None if eval_files else _threshold(eval_fraction)
+    records, progress, lowest = _write(directory, train_files, eval_files, threshold,
+                                       tokenizer, fmt, text_key, skip_bad, processes)
     if not eval_files and not records["eval"]["documents"] and records["train"][
             "documents"] > 1:
-        logging.warning("eval_fraction=%s holds out none of %d documents: the one whose "
-                        "hash is lowest validates.", eval_fraction,
+        logging.warning("data.eval_fraction=%s holds out none of %d documents: the one "
+                        "whose hash is lowest validates.", eval_fraction,
                         records["train"]["documents"])
-        return prepare(directory, train_files, eval_files, tokenizer, fmt, text_key,
-                       (lowest + 2**12) / 2**64,  # (float rounding: 2**11 at most)
-                       skip_bad, processes, inputs)
+        records, progress, _ = _write(directory, train_files, eval_files, lowest + 1,
+                                      tokenizer, fmt, text_key, skip_bad, processes)
     for split, record in records.items():
         if not record["documents"]:
-            raise ValueError(f"The {split} split has no document (eval_fraction="
+            raise ValueError(f"The {split} split has no document (data.eval_fraction="
                              f"{eval_fraction} of {records['train']['documents']} training "
                              "documents, or empty eval files): give it documents.")
     token_shards.commit(directory, records, inputs)
     progress.done(records)
     return dict(records, skipped=progress.skipped, invalid_utf8=progress.invalid)
+
+
+def _write(directory, train_files, eval_files, threshold, tokenizer, fmt, text_key,
+           skip_bad, processes):
+    """One pass: the split records (written, not yet committed), the progress, and the
+    lowest hash of a training document. Training documents hashing below `threshold`
+    (None: none) validate. A failure closes and removes what it wrote."""
+    jobs = [(p, threshold, False) for p in train_files] + [(p, None, True)
+                                                           for p in eval_files]
+    token_shards.begin(directory, ("train", "eval"), tokenizer.identity)
+    writers = {s: token_shards.SplitWriter(directory, s, tokenizer.identity)
+               for s in ("train", "eval")}
+    sizes = [token_shards.file_size(path) or 0 for path, _, _ in jobs]
+    progress, lowest = _Progress(sum(sizes)), 2**64
+    try:
+        with contextlib.closing(_tokenized(jobs, sizes, fmt, text_key, skip_bad, tokenizer,
+                                           processes)) as results:
+            for size, (documents, skipped, invalid) in zip(sizes, results):
+                for name, is_eval, ids, place in documents:
+                    writers["eval" if is_eval else "train"].add(ids, name)
+                    lowest = lowest if is_eval else min(lowest, place)
+                progress.update(size, skipped, invalid)
+    except BaseException:
+        for writer in writers.values():
+            writer.abort()
+        raise
+    return {split: writer.close() for split, writer in writers.items()}, progress, lowest
 
 
 def _tokenized(jobs, sizes, fmt, text_key, skip_bad, tokenizer, processes):
@@ -155,9 +174,10 @@ def _tokenized(jobs, sizes, fmt, text_key, skip_bad, tokenizer, processes):
         _set_tokenizer(tokenizer)
         yield from (_tokenize(job, fmt, text_key, skip_bad) for job in jobs)
         return
-    with concurrent.futures.ProcessPoolExecutor(
-            processes, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_set_tokenizer, initargs=(tokenizer,)) as pool:
+    pool = concurrent.futures.ProcessPoolExecutor(
+        processes, mp_context=multiprocessing.get_context("spawn"),
+        initializer=_set_tokenizer, initargs=(tokenizer,))
+    try:
         pending, in_flight = collections.deque(), 0
         for job, size in zip(jobs, sizes):
             while pending and (len(pending) >= IN_FLIGHT_FILES * processes
@@ -169,6 +189,8 @@ def _tokenized(jobs, sizes, fmt, text_key, skip_bad, tokenizer, processes):
             in_flight += size
         while pending:
             yield pending.popleft()[1].result()
+    finally:  # (also when the prepare fails: the files not yet started are dropped)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _set_tokenizer(tokenizer):
@@ -177,14 +199,14 @@ def _set_tokenizer(tokenizer):
 
 
 def _tokenize(job, fmt, text_key, skip_bad):
-    path, fraction, is_eval = job
+    path, threshold, is_eval = job
     documents, skipped = read_documents(path, fmt, text_key, skip_bad)
     tokenized = []
     vocab_size = _WORKER_TOKENIZER.identity["vocab_size"]
     for name, text in documents:
         place = document_hash(text)
         ids = token_shards.checked_ids(_WORKER_TOKENIZER.encode(text), vocab_size, name)
-        tokenized.append((name, is_eval or (fraction is not None and place < fraction * 2**64),
+        tokenized.append((name, is_eval or (threshold is not None and place < threshold),
                           ids, place))  # (ids in the shard's dtype: 4x less to send back)
     return tokenized, skipped, sum(not _valid_utf8(text) for _, text in documents)
 

@@ -75,21 +75,24 @@ def ready(data, tokenizer_config, processes=None):
         _check_kind(where, tokenizer_config)
         return where, _tokenizer(where, tokenizer_config, train_documents=None)
     inputs = _inputs(data)
+    _check_kind(where, tokenizer_config)  # current or not: never replaced by another kind
     if token_shards.inputs(where) == inputs:
-        _check_kind(where, tokenizer_config)
         return where, _tokenizer(where, tokenizer_config, train_documents=None)
     if "://" in where:
         raise ValueError(f"{where} (data.prepared) holds no shards of data.train="
                          f"{data.train!r}: prepare them on a local disk (--mode=prepare "
                          "with a local data.prepared), then copy the directory there.")
     with _prepare_lock(where):
+        _check_kind(where, tokenizer_config)
         if token_shards.inputs(where) == inputs:  # another process prepared them meanwhile
-            _check_kind(where, tokenizer_config)
             return where, _tokenizer(where, tokenizer_config, train_documents=None)
         logging.info("Preparing token shards of data.train=%r in %s.", data.train, where)
         train_files = [path for path, _, _ in inputs["train"]]
         tokenizer = _tokenizer(where, tokenizer_config, train_documents=(
             lambda: _sample(train_files, data, tokenizer_config.train_sample_bytes)))
+        prepared = token_shards.tokenizer(where)
+        if prepared and prepared != tokenizer.identity:  # (another model of one kind)
+            raise ValueError(token_shards.other_tokenizer(where, prepared, tokenizer.identity))
         prepare_text.prepare(
             where, train_files, [path for path, _, _ in inputs["eval"]], tokenizer,
             fmt=data.format, text_key=data.text_key, eval_fraction=data.eval_fraction,
@@ -98,8 +101,10 @@ def ready(data, tokenizer_config, processes=None):
 
 
 def _check_kind(where, tokenizer_config):
-    """Shards of the same files made with another kind of tokenizer are refused, naming
-    both (open_split compares the whole identity once the tokenizer is loaded)."""
+    """Shards made with another kind of tokenizer are refused, naming both, rather than
+    read or replaced (open_split compares the whole identity once the tokenizer is
+    loaded; a SentencePiece vocabulary kept beside them is checked against
+    tokenizer.vocab_size)."""
     prepared = token_shards.tokenizer(where)
     if prepared and prepared["kind"] != tokenizer_config.kind:
         raise ValueError(token_shards.other_tokenizer(where, prepared,
@@ -137,10 +142,14 @@ def _tokenizer(where, tokenizer_config, train_documents):
     if tokenizer_config.kind == "bytes":
         return ByteTokenizer()
     if tokenizer_config.model:
-        return SentencePieceTokenizer.load(os.path.expanduser(tokenizer_config.model))
+        return SentencePieceTokenizer.load(os.path.expanduser(tokenizer_config.model),
+                                           read=prepare_text.read_file)
     path = os.path.join(where, TOKENIZER_FILE)
     if token_shards.file_size(path) is not None:
-        tokenizer = SentencePieceTokenizer(prepare_text.read_file(path), source=path)
+        tokenizer = SentencePieceTokenizer.load(path, read=prepare_text.read_file)
+        if train_documents is not None:
+            logging.info("Preparing with the vocabulary trained before, %s (delete it to "
+                         "train another on this corpus).", path)
         if tokenizer.identity["vocab_size"] != tokenizer_config.vocab_size:
             raise ValueError(
                 f"{path} has {tokenizer.identity['vocab_size']} pieces, but "

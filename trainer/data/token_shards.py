@@ -79,6 +79,12 @@ class SplitWriter:
         self.documents, self.total = self.documents + 1, self.total + 1 + ids.size
         self._index.write(np.asarray([self.total], INDEX_DTYPE).tobytes())
 
+    def abort(self):
+        """Closes and removes what was written (a failed prepare)."""
+        for f in (self._tokens, self._index):
+            f.close()
+            os.remove(f.name)
+
     def close(self):
         """Flushes the files to disk; returns the split's record."""
         for f in (self._tokens, self._index):
@@ -104,9 +110,10 @@ def commit(directory, records, inputs=None):
 
 
 def tokenizer(directory):
-    """The identity of the tokenizer `directory`'s shards were made with, or None."""
+    """The identity of the tokenizer of `directory`'s complete shards, or None (none is
+    complete)."""
     meta = _read_meta(directory)
-    return meta["tokenizer"] if meta else None
+    return meta["tokenizer"] if meta and meta["splits"] else None
 
 
 def inputs(directory):
@@ -176,24 +183,23 @@ def open_split(directory, split, tokenizer):
 
 
 class _RemoteTokens:
-    """A remote .bin read by slices (one ranged read each): what a memory map is for a
-    local file. One open file, read under a lock (tf.data's threads share it)."""
+    """A remote .bin read by slices (a seek and a read each): what a memory map is for a
+    local file. An open file per thread, so tf.data's threads read in parallel."""
 
     def __init__(self, path, dtype, length):
         self.path, self.dtype, self.length = path, dtype, length
-        self._file, self._lock = None, threading.Lock()
+        self._local = threading.local()
 
     def __len__(self):
         return self.length
 
     def __getitem__(self, window):
         start, stop, _ = window.indices(self.length)
-        with self._lock:
-            if self._file is None:
-                self._file = gfile().GFile(self.path, "rb")
-            self._file.seek(start * self.dtype.itemsize)
-            data = self._file.read(max(stop - start, 0) * self.dtype.itemsize)
-        return np.frombuffer(data, self.dtype)
+        if getattr(self._local, "file", None) is None:
+            self._local.file = gfile().GFile(self.path, "rb")
+        self._local.file.seek(start * self.dtype.itemsize)
+        return np.frombuffer(self._local.file.read(max(stop - start, 0) * self.dtype.itemsize),
+                             self.dtype)
 
 
 def _is_remote(path):

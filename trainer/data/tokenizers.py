@@ -58,13 +58,18 @@ class SentencePieceTokenizer:
                          "model_sha256": hashlib.sha256(self.model_proto).hexdigest()}
 
     @classmethod
-    def load(cls, path):
+    def load(cls, path, read=None):
+        """The model in file `path`, read by `read(path) -> bytes` (default: a local
+        file)."""
         try:
-            with open(path, "rb") as f:
-                proto = f.read()
-        except OSError as e:
+            if read:
+                proto = read(path)
+            else:
+                with open(path, "rb") as f:
+                    proto = f.read()
+        except Exception as e:  # OSError, or what `read` raises for a remote file
             raise FileNotFoundError(f"Cannot read the SentencePiece model {path} "
-                                    f"(tokenizer.model): {e.strerror}.") from e
+                                    f"(tokenizer.model): {e}") from e
         try:
             return cls(proto, source=path)
         except RuntimeError as e:  # sentencepiece's error for a file that is no model

@@ -14,6 +14,7 @@ def run(config, strategy, workdir, summary, evaluate):
     set_policy(config.precision, strategy)
     task = get_task(config)
     check_outside_data(workdir, task.data_paths())
+    task.prepare_data()  # once for many runs; a no-op when it is ready (--mode=prepare)
     train(Trainer(config, task, strategy, workdir), evaluate)
 
 
