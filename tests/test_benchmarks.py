@@ -128,7 +128,7 @@ def test_text_harness_smoke(tmp_path):
     out = tmp_path / "bench"
     run = subprocess.run(
         [sys.executable, "-m", "benchmarks.text", "--parts=prepare,input,sampling",
-         f"--corpus={corpus}/*.txt", "--vocab_size=400", "--input_batches=5",
+         f"--corpus={corpus}/*.txt", "--vocab_size=270", "--input_batches=5",
          f"--out={out}"],
         cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
         text=True, timeout=600)

@@ -21,7 +21,7 @@ class GraphTokenizer(tf.Module):
         self.separator = tokenizer.separator
         if tokenizer.identity["kind"] == "bytes":
             self._model = None
-            self._pieces = tf.constant([bytes([i]) for i in range(256)] + [b""])
+            self._pieces = np.array([bytes([i]) for i in range(256)] + [b""], object)
         else:
             try:
                 import tensorflow_text
@@ -29,8 +29,10 @@ class GraphTokenizer(tf.Module):
                 raise ImportError("A SentencePiece model runs in the graph with "
                                   "tensorflow-text, in the text extra: pip install -e "
                                   "'.[text]'.") from e
-            self._model = tensorflow_text.SentencepieceTokenizer(
-                model=tokenizer.model_proto, out_type=tf.int32)
+            with tf.init_scope():  # its resource made now, not inside the first function
+                self._model = tensorflow_text.SentencepieceTokenizer(  # that uses it
+                    model=tokenizer.model_proto, out_type=tf.int32)
+                self._model.tokenize(tf.constant([""]))
 
     def tokenize(self, text):
         """RaggedTensor [batch, (ids)] int32 of a string tensor [batch]."""
@@ -44,7 +46,7 @@ class GraphTokenizer(tf.Module):
         """A string tensor [batch] of int32 ids [batch, n] (no separator among them)."""
         if self._model is not None:
             return self._model.detokenize(ids)
-        return tf.strings.reduce_join(tf.gather(self._pieces, ids), axis=-1)
+        return tf.strings.reduce_join(tf.gather(tf.constant(self._pieces), ids), axis=-1)
 
     def windows(self, text, length):
         """int32 [batch, length]: each text as the end of a document, a separator before

@@ -190,3 +190,14 @@ def test_a_sentencepiece_prepare_in_a_pool_equals_one_in_this_process(tmp_path):
     prepare(str(tmp_path / "two"), paths, paths[:2], tokenizer, processes=2)
     for name in ("train.bin", "train.idx", "eval.bin"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+
+
+@pytest.mark.e2e  # a pool of processes
+def test_a_bad_document_found_by_a_pool_process_is_told_in_one_line(tmp_path):
+    """Raised again where the command line tells it without a traceback (it shows one for
+    an error that ends inside a library, as concurrent.futures' re-raise does)."""
+    from trainer.cli import raised_here
+    paths = write_texts(tmp_path / "train", [b"fine", b"also fine", b"  \n", b"more"])
+    with pytest.raises(BadDocument, match=r"002\.txt is empty") as caught:
+        prepare(str(tmp_path / "out"), paths, paths[:1], ByteTokenizer(), processes=2)
+    assert raised_here(caught.value)

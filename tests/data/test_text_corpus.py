@@ -1,6 +1,7 @@
 """A corpus as a run reads it: prepared once, again when its files change, completed
 after an interruption, by one process of two, and refused with another tokenizer."""
 
+import logging
 import textwrap
 import threading
 
@@ -94,6 +95,7 @@ def test_max_bytes_takes_whole_files_in_path_order(tmp_path):
 
 def test_a_sentencepiece_vocabulary_is_trained_once_and_kept_beside_the_shards(
         tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
     text = open(textwrap.__file__, "rb").read()  # real text, present offline
     data, tokenizer_config = fields(tmp_path, text, **{
         "tokenizer.kind": "sentencepiece", "tokenizer.vocab_size": 500})
@@ -139,6 +141,7 @@ def test_shards_of_another_tokenizer_are_refused_naming_both(tmp_path):
 def test_bad_settings_are_named(tmp_path, monkeypatch, change, error):
     if "data.prepared" in change and change["data.prepared"]:  # no network in a test
         monkeypatch.setattr(token_shards, "inputs", lambda where: None)
+        monkeypatch.setattr(token_shards, "tokenizer", lambda where: None)
     data, tokenizer_config = fields(tmp_path, **change)
     with pytest.raises((ValueError, FileNotFoundError), match=error):
         text_corpus.ready(data, tokenizer_config)

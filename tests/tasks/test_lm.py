@@ -234,6 +234,7 @@ def test_lm_mixed_bfloat16_runs(tmp_path):
 def test_the_export_serves_the_model_on_strings_tokenized_as_in_training(tmp_path, kind):
     config = (tiny_lm(tmp_path) if kind == "bytes" else spm_lm(tmp_path)).unlock()
     config.trainer.update(train_steps=4, steps_per_loop=2, log_every=2, checkpoint_every=4)
+    config.optimizer.warmup_steps = 1
     config.sample.num_tokens = 12
     trainer = build(config, tmp_path)
     trainer.train(evaluate=False)
@@ -248,7 +249,7 @@ def test_the_export_serves_the_model_on_strings_tokenized_as_in_training(tmp_pat
     expected = trainer.model(np.asarray(windows, np.int32), training=False)[:, -1].numpy()
     np.testing.assert_allclose(outputs["next_token_logits"], expected, rtol=1e-4, atol=1e-4)
     generated = served.generate(tf.constant(texts[:1]), tf.constant(config.sample.seed))
-    assert texts[0] + generated[0].numpy().decode() == trainer.task.generate(
+    assert texts[0] + generated[0].numpy().decode(errors="replace") == trainer.task.generate(
         trainer.model, texts[0])
     metadata = json.load(open(tmp_path / "run/export/4/assets.extra/export.json"))
     assert metadata["endpoints"] == ["serving_default", "generate"]

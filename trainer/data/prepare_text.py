@@ -184,13 +184,23 @@ def _tokenized(jobs, sizes, fmt, text_key, skip_bad, tokenizer, processes):
                                or in_flight + size > IN_FLIGHT_BYTES * processes):
                 done_size, future = pending.popleft()
                 in_flight -= done_size
-                yield future.result()
+                yield _result(future)
             pending.append((size, pool.submit(_tokenize, job, fmt, text_key, skip_bad)))
             in_flight += size
         while pending:
-            yield pending.popleft()[1].result()
+            yield _result(pending.popleft()[1])
     finally:  # (also when the prepare fails: the files not yet started are dropped)
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _result(future):
+    """A worker's result; its error about a document raised again here, where the
+    command line tells it in one line (it shows a traceback for errors inside
+    libraries, as concurrent.futures' re-raise is)."""
+    try:
+        return future.result()
+    except ValueError as e:  # BadDocument, an id outside the vocabulary
+        raise BadDocument(str(e)) from None
 
 
 def _set_tokenizer(tokenizer):

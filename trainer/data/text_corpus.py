@@ -31,7 +31,8 @@ KINDS = ("bytes", "sentencepiece")
 
 def corpus_files(pattern, field="data.train"):
     """Sorted files of a glob. `stdlib` = the running Python's standard library .py files
-    (present offline), without the third-party packages installed beneath it. A local
+    that hold text (present offline), without the third-party packages installed beneath
+    it. A local
     pattern may use `**`; a remote one (gs://...) is matched by tf.io.gfile.glob."""
     stdlib = pattern == "stdlib"
     if stdlib:
@@ -42,7 +43,8 @@ def corpus_files(pattern, field="data.train"):
     else:
         matches = [f for f in glob.glob(os.path.expanduser(pattern), recursive=True)
                    if os.path.isfile(f)]
-    files = sorted(f for f in matches if not (stdlib and "-packages" + os.sep in f))
+    files = sorted(f for f in matches if not (stdlib and ("-packages" + os.sep in f
+                                                          or not os.path.getsize(f))))
     if not files:
         raise FileNotFoundError(f"{field}={pattern!r} matches no files; point "
                                 f"--config.{field} at a glob of text files.")
