@@ -42,6 +42,8 @@ flags.DEFINE_integer("vocab_size", 8000, "SentencePiece pieces.")
 flags.DEFINE_float("memory_gb", 13.0, "Size of the large shards of the memory part.")
 flags.DEFINE_integer("seconds", 600, "Training time of each run of the learning part.")
 flags.DEFINE_integer("input_batches", 3000, "Batches of 32 windows a round of the input part.")
+flags.DEFINE_integer("calibration_steps", 300,
+                     "Steps that time each run of the learning part.")
 flags.DEFINE_string("out", "bench_text", "Output directory.")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -169,16 +171,18 @@ def write_random_shards(directory, tokenizer, gigabytes):
 
 
 def part_memory(out):
+    from trainer.data import token_shards
     from trainer.data.tokenizers import ByteTokenizer, SentencePieceTokenizer
     rows = {}
     spm = SentencePieceTokenizer.load(os.path.join(out, SPM))
-    run = {"trainer.train_steps": 300, "trainer.steps_per_loop": 100, "trainer.log_every": 100,
+    run = {"trainer.train_steps": 100, "trainer.steps_per_loop": 50, "trainer.log_every": 50,
            "trainer.checkpoint_every": 0, "optimizer.warmup_steps": 10,
            "data.eval_windows": 64, "sample.summary_tokens": 0}
     for kind, tokenizer in (("bytes", ByteTokenizer()), ("sentencepiece", spm)):
         for size, gigabytes in (("small", 0.1), ("large", FLAGS.memory_gb)):
-            directory = fresh_directory(os.path.join(out, f"random_{kind}_{size}"))
-            write_random_shards(directory, tokenizer, gigabytes)
+            directory = os.path.join(out, f"random_{kind}_{size}")
+            if token_shards.tokenizer(directory) != tokenizer.identity:  # (else kept)
+                write_random_shards(fresh_directory(directory), tokenizer, gigabytes)
             if kind == "sentencepiece":
                 with open(os.path.join(directory, "tokenizer.model"), "wb") as f:
                     f.write(spm.model_proto)
@@ -266,8 +270,9 @@ def part_learning(out):
                   f"--config.data.prepared={os.path.join(out, f'shards_{kind}')}",
                   *tokenizer_flags(out, kind), "--config.trainer.jit_compile=off"]
         calibration = fresh_directory(os.path.join(out, "runs", f"calibrate_{kind}"))
-        stderr, _, _ = launch(common + ["--config.trainer.train_steps=300",
-                                        "--config.trainer.eval_every=0"], calibration)
+        stderr, _, _ = launch(common + [
+            f"--config.trainer.train_steps={FLAGS.calibration_steps}",
+            "--config.trainer.eval_every=0"], calibration)
         steps = int(FLAGS.seconds * steps_per_second(stderr))
         workdir = fresh_directory(os.path.join(out, "runs", f"learn_{kind}"))
         _, summary, _ = launch(common + [f"--config.trainer.train_steps={steps}",
