@@ -270,9 +270,12 @@ def part_learning(out):
                   f"--config.data.prepared={os.path.join(out, f'shards_{kind}')}",
                   *tokenizer_flags(out, kind), "--config.trainer.jit_compile=off"]
         calibration = fresh_directory(os.path.join(out, "runs", f"calibrate_{kind}"))
+        every = max(FLAGS.calibration_steps // 5, 1)
         stderr, _, _ = launch(common + [
             f"--config.trainer.train_steps={FLAGS.calibration_steps}",
-            "--config.trainer.eval_every=0"], calibration)
+            f"--config.trainer.steps_per_loop={every}", f"--config.trainer.log_every={every}",
+            f"--config.optimizer.warmup_steps={every}", "--config.trainer.eval_every=0"],
+            calibration)
         steps = int(FLAGS.seconds * steps_per_second(stderr))
         workdir = fresh_directory(os.path.join(out, "runs", f"learn_{kind}"))
         _, summary, _ = launch(common + [f"--config.trainer.train_steps={steps}",
