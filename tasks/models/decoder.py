@@ -41,6 +41,11 @@ class DecoderLM(keras.Model):
         mask = None if self.separator is None else document_mask(tokens, self.separator)
         for block in self.blocks:
             x = block(x, training=training, attention_mask=mask)
+        return self.logits(x)
+
+    def logits(self, x):
+        """float32 logits of the last block's outputs [..., d_model] (also what cached
+        sampling computes for one position, tasks/models/generation.py)."""
         x = self.ln(x)
         if self.tie_embeddings:
             logits = tf.matmul(x, tf.cast(self.embed.embeddings, x.dtype), transpose_b=True)

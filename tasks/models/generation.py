@@ -141,7 +141,7 @@ class Sampler:
         segments = tf.cumsum(tf.cast(tf.equal(window, self.tokenizer.separator), tf.int32),
                              axis=1)
         cache = (layers, tf.pad(segments, [[0, 0], [0, self.seq_len - length]]))
-        return self._logits(x[:, -1]), cache
+        return self.model.logits(x[:, -1]), cache
 
     def _document_mask(self, tokens):
         if self.model.separator is None:
@@ -176,13 +176,4 @@ class Sampler:
                                  tf.cast(values, tf.float32))
             x = x + tf.cast(output(tf.cast(attended, h.dtype)), x.dtype)
             x = x + tf.cast(block.mlp_out(block._gelu(block.mlp_in(block.ln2(x)))), x.dtype)
-        return self._logits(x[:, 0]), (updated, segments)
-
-    def _logits(self, x):
-        """float32 logits of the final hidden states [batch, d_model]."""
-        m = self.model
-        x = m.ln(x)
-        if m.tie_embeddings:
-            return tf.cast(tf.matmul(x, tf.cast(m.embed.embeddings, x.dtype),
-                                     transpose_b=True), tf.float32)
-        return tf.cast(m.head(x), tf.float32)
+        return self.model.logits(x[:, 0]), (updated, segments)
