@@ -151,6 +151,12 @@ def init_config():
     can name code to import.
     include / exclude: regexes over this model's variable names (whole names).
     rename: ((regex, replacement), ...) applied in turn (re.sub) to the source's names.
+    A source whose variables all sit under another model name (a language model's
+    `lm/...` read into a classifier's `classifier/...`) is read under this model's,
+    unless rename is given.
+    new: regexes over this model's variables the source may lack (a new head): loaded
+    if it holds them in the same shape, else left at their initial values, as the
+    table says, strict or not.
     strict: an included variable the source lacks, or holds in another shape, is an
     error (False: it keeps its initial value, and the table says so).
     use_ema: a source run that keeps an EMA of its weights (optimizer.ema_decay) gives
@@ -158,5 +164,5 @@ def init_config():
     weights). The init table and init.json say which.
     """
     return ml_collections.ConfigDict(dict(checkpoint="", include=(".*",), exclude=(),
-                                          rename=(), strict=True, use_ema=True,
+                                          rename=(), new=(), strict=True, use_ema=True,
                                           keras_architecture=False))

@@ -141,6 +141,18 @@ class Task(abc.ABC):
         or None (not an image task)."""
         return None
 
+    def eval_tables(self, metrics):
+        """{name: markdown} for TensorBoard's text tab after each evaluation, read from
+        the task's eval metrics (as `build_metrics` made them) after the pass: a
+        classifier's confusion matrix. The default: none."""
+        return {}
+
+    def run_record(self):
+        """JSON the run keeps of its data in `workdir/task.json` (a classifier's label
+        names): written when the run starts; a resume that would read it otherwise (the
+        labels changed, so an id would mean another class) is refused. None: nothing."""
+        return None
+
     def eval_sample(self, model):
         """A short text the model generates, written to TensorBoard at each evaluation,
         or None."""

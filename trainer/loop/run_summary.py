@@ -29,8 +29,12 @@ def _version(package):
 
 
 def write_start(controller):
-    """Writes the config (after checking it against the previous run's, on a resume)."""
+    """Writes the config (after checking it against the previous run's, on a resume) and
+    the task's record (refusing a resume whose data it does not match)."""
     trainer = controller.trainer
+    record = trainer.task.run_record()
+    if record is not None:
+        _write_task_record(controller, json.loads(json.dumps(record)))
     path = os.path.join(trainer.workdir, "config.json")
     warn_if_the_stream_moves(read_json(path, "the config of the previous run"),
                              trainer.config, controller.step)
@@ -42,6 +46,22 @@ def write_start(controller):
                              else trainer.workdir.rstrip("/"))
     logging.info("TensorBoard logs in %s; view with: tensorboard --logdir=%s",
                  trainer.workdir, parent)
+
+
+def _write_task_record(controller, record):
+    path = os.path.join(controller.trainer.workdir, "task.json")
+    previous = read_json(path, "the task's record of the run")
+    if controller.step and previous is not None and previous != record:
+        changed = sorted(k for k in set(record) | set(previous)
+                         if record.get(k) != previous.get(k))
+        raise ValueError(
+            f"The checkpoint at step {controller.step} was trained on data whose "
+            f"{', '.join(changed)} differ from this launch's ({path} holds the run's): "
+            f"was {json.dumps({k: previous.get(k) for k in changed})[:300]}, now "
+            f"{json.dumps({k: record.get(k) for k in changed})[:300]}. Resume with the "
+            "data it was trained on, or start a new workdir (init.checkpoint can start "
+            "from this one). Nothing was changed.")
+    controller.files.write_json(path, record)
 
 
 def run_summary(controller, stopped):

@@ -123,6 +123,16 @@ def _legacy_values(path, build_model):
     return _values(model)
 
 
+def _model_names(source, variables):
+    """(source prefix, this model's) when every name of each side starts with one model
+    name and the two differ (`lm/` and `classifier/`), else None."""
+    def model_name(names):
+        first = {n.split("/", 1)[0] for n in names}
+        return f"{first.pop()}/" if len(first) == 1 and all("/" in n for n in names) else None
+    theirs, ours = model_name(source), model_name(variables)
+    return (theirs, ours) if theirs and ours and theirs != ours else None
+
+
 def warm_start(config, variables, build_model, files, workdir):
     """Loads `config.init` into `variables` ({name: variable}); returns the table's
     record, or None without `init.checkpoint`. Nothing is changed on an error."""
@@ -135,21 +145,29 @@ def warm_start(config, variables, build_model, files, workdir):
     values = {}
     source, kind = source_values(init.checkpoint, build_model, init.use_ema,
                                  init.keras_architecture)
-    for name, value in _weights(source).items():
+    source = _weights(source)
+    renamed_model = None if init.rename else _model_names(source, variables)
+    for name, value in source.items():
         for pattern, replacement in init.rename:
             name = re.sub(pattern, replacement, name)
+        if renamed_model:
+            name = renamed_model[1] + name[len(renamed_model[0]):]
         values[name] = value
-    loaded, absent, reshaped = [], [], []
+    fresh = set(matching(variables, init.new, "init.new"))
+    loaded, absent, reshaped, new = [], [], [], []
     for name in include:
         if name in excluded:
             continue
-        if name not in values:
+        fits = name in values and tuple(values[name].shape) == tuple(variables[name].shape)
+        if fits:
+            loaded.append(name)
+        elif name in fresh:
+            new.append(name)
+        elif name not in values:
             absent.append(name)
-        elif tuple(values[name].shape) != tuple(variables[name].shape):
+        else:
             reshaped.append(f"{name}: source {list(values[name].shape)}, this model "
                             f"{list(variables[name].shape)}")
-        else:
-            loaded.append(name)
     if init.strict and (absent or reshaped):
         raise ValueError(
             f"init.checkpoint={init.checkpoint} does not hold every variable init.include "
@@ -161,6 +179,8 @@ def warm_start(config, variables, build_model, files, workdir):
     for name in loaded:
         variable = variables[name]
         variable.assign(np.asarray(values[name]).astype(variable.dtype))
+    if renamed_model:
+        kind += f"; the source's {renamed_model[0]}... read as this model's {renamed_model[1]}..."
     record = {"checkpoint": init.checkpoint, "weights": kind, "loaded": loaded,
               "skipped": sorted(set(values) - set(loaded)),
               "left_at_init": [n for n in variables if n not in loaded]}
