@@ -61,7 +61,10 @@ class TextFeatures(tf.Module):
         keras_hub tokenizer gets valid UTF-8 (a bad byte is U+FFFD); ours keep bytes."""
         if self.keras_hub:
             text = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace")
-        return tf.cast(self.tokenizer.tokenize(text), tf.int32)
+        ids = self.tokenizer.tokenize(text)
+        if not isinstance(ids, tf.RaggedTensor):  # a tokenizer that pads its output
+            ids = tf.RaggedTensor.from_tensor(ids)
+        return tf.cast(ids, tf.int32)
 
     def features(self, text):
         """({"token_ids": int32 [batch, seq_len], "padding_mask": bool}, truncated [batch])."""
@@ -83,9 +86,12 @@ class TextFeatures(tf.Module):
         count of texts cut to seq_len logged."""
         if not texts:
             return np.zeros((0, self.seq_len), np.int32), np.zeros((0,), np.int32)
+        # As a graph, as served (eagerly, a keras_hub tokenizer returns Python lists).
+        features_of = tf.function(self.features, input_signature=[
+            tf.TensorSpec([None], tf.string)])
         ids, lengths, truncated = [], [], 0
         for i in range(0, len(texts), CHUNK):
-            features, cut = self.features(tf.constant(texts[i:i + CHUNK], tf.string))
+            features, cut = features_of(tf.constant(texts[i:i + CHUNK], tf.string))
             ids.append(features["token_ids"].numpy())
             lengths.append(tf.reduce_sum(tf.cast(features["padding_mask"], tf.int32),
                                          axis=1).numpy())
