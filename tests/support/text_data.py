@@ -82,3 +82,19 @@ def tiny_gpt2_preset(directory, seq_len=64):
     backbone.save_to_preset(str(directory))
     tokenizer.save_to_preset(str(directory))
     return str(directory)
+
+
+def tiny_text_config(data, **overrides):
+    """configs/text.py shrunk: a 1-block transformer on bytes, 20 steps of 16."""
+    from configs import text
+    from support import override
+    c = text.get_config()
+    c.data.update(global_batch_size=16, **data)
+    c.tokenizer.kind = "bytes"
+    c.model.update(seq_len=48, num_layers=1, d_model=32, num_heads=2, mlp_dim=64)
+    c.precision = "float32"
+    c.distribution.strategy = "default"
+    c.optimizer.update(learning_rate=3e-3, warmup_steps=2)
+    c.trainer.update(train_steps=20, steps_per_loop=5, log_every=5, eval_every=10,
+                     checkpoint_every=10, per_step_summaries=False, jit_compile="off")
+    return override(c, **overrides)
