@@ -4,6 +4,8 @@
 import os
 import sysconfig
 
+import numpy as np
+
 from configs import lm as lm_config
 from support import override
 
@@ -16,6 +18,18 @@ def write_corpus(folder, texts):
     for i, text in enumerate(texts):
         (folder / f"{i:03d}.txt").write_bytes(text)
     return str(folder / "*.txt")
+
+
+def prose(n_bytes, seed=0):
+    """Varied text with rare characters: words of a small vocabulary, some accented, some
+    outside any subword vocabulary trained on it."""
+    rng = np.random.default_rng(seed)
+    words = ["the", "model", "reads", "tokens", "caf\u00e9", "na\u00efve", "data", "of",
+             "and", "window", "\u2603", "\U0001f600", "loss", "12", "7"]
+    out = []
+    while sum(map(len, out)) < n_bytes:
+        out.append(" ".join(rng.choice(words, size=12)) + ".\n")
+    return "".join(out).encode()
 
 
 def tiny_lm(tmp_path, text=TEXT, **overrides):

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import support
 from support import ROOT, kill_relaunch_and_compare, scalars, two_replicas
-from support.lm import TEXT, tiny_lm, write_corpus
+from support.lm import TEXT, prose, tiny_lm, write_corpus
 from tasks.models.decoder import DecoderLM
 from tasks.models.generation import GraphTokenizer, Sampler
 from trainer.data import token_windows
@@ -34,18 +34,6 @@ def launch(*args):
                          text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert run.returncode == 0, run.stderr[-3000:]
     return run
-
-
-def prose(n_bytes, seed=0):
-    """Varied text with rare characters: words of a small vocabulary, some accented, some
-    outside any subword vocabulary trained on it."""
-    rng = np.random.default_rng(seed)
-    words = ["the", "model", "reads", "tokens", "caf\u00e9", "na\u00efve", "data", "of",
-             "and", "window", "\u2603", "\U0001f600", "loss", "12", "7"]
-    out = []
-    while sum(map(len, out)) < n_bytes:
-        out.append(" ".join(rng.choice(words, size=12)) + ".\n")
-    return "".join(out).encode()
 
 
 def spm_lm(tmp_path, **overrides):
