@@ -22,15 +22,13 @@ Writes results.json and results.md to --out.
 import glob
 import json
 import os
-import re
-import resource
 import statistics
-import subprocess
 import sys
 import time
 
 from absl import app, flags
 
+from benchmarks.launched import flags_of, launch, steps_per_second
 from benchmarks.scratch import fresh_directory
 
 FLAGS = flags.FLAGS
@@ -138,24 +136,6 @@ def part_input(out):
             "tokens_per_window": 128, "mapped_over_memory": mapped_rate / memory_rate}
 
 
-def launch(args, workdir):
-    """launch.py in a child; (stderr, summary.json, the child's peak resident MB)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    run = subprocess.run([sys.executable, "launch.py", *args, f"--workdir={workdir}"],
-                         cwd=REPO, capture_output=True, text=True,
-                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    if run.returncode:
-        raise RuntimeError(run.stderr[-3000:])
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    with open(os.path.join(workdir, "summary.json")) as f:
-        summary = json.load(f)
-    return run.stderr, summary, (peak if peak > before else float("nan")) / 1024
-
-
-def flags_of(config_overrides):
-    return [f"--config.{k}={v}" for k, v in config_overrides.items()]
-
-
 def write_random_shards(directory, tokenizer, gigabytes):
     """Shards of random ids < 256 (valid for both tokenizers): documents of 4,096 tokens
     (1,024 of them, repeated)."""
@@ -205,11 +185,6 @@ def tokenizer_flags(out, kind):
     return [f"--config.tokenizer.kind={kind}",
             f"--config.tokenizer.vocab_size={FLAGS.vocab_size}",
             f"--config.tokenizer.model={os.path.join(out, SPM) if kind != 'bytes' else ''}"]
-
-
-def steps_per_second(stderr):
-    rates = [float(m.group(1)) for m in re.finditer(r"([\d.]+) steps/s", stderr)]
-    return statistics.median(rates[1:]) if len(rates) > 1 else rates[0]
 
 
 def part_mask(out):

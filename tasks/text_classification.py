@@ -11,7 +11,6 @@ import functools
 import keras
 import numpy as np
 import tensorflow as tf
-from absl import logging
 
 from tasks.classification_metrics import MacroF1, confusion_table
 from tasks.models import presets
