@@ -41,6 +41,7 @@ flags.DEFINE_list("parts", ["data", "linear", "trainer", "fit", "pretrain", "siz
                             "float16"], "Which parts to run.")
 flags.DEFINE_string("out", "bench_textcls", "Output directory.")
 flags.DEFINE_float("seconds", 300.0, "Training time of each full-data run.")
+flags.DEFINE_float("pretrain_seconds", 600.0, "Training time of the language model.")
 flags.DEFINE_float("target", 0.6, "fit: the eval accuracy whose time is compared.")
 flags.DEFINE_integer("calibration_steps", 60, "Steps timed to size a run to --seconds.")
 
@@ -145,14 +146,14 @@ def text_flags(out, size="all", **overrides):
             "--config.trainer.jit_compile=off", *flags_of(overrides)]
 
 
-def calibrated_steps(args, out, name):
-    """The steps that take --seconds, timed over --calibration_steps."""
+def calibrated_steps(args, out, name, seconds=None):
+    """The steps that take `seconds` (--seconds), timed over --calibration_steps."""
     every = max(FLAGS.calibration_steps // 5, 1)
     stderr, _, _ = launch(args + flags_of({
         "trainer.train_steps": FLAGS.calibration_steps, "trainer.steps_per_loop": every,
         "trainer.log_every": every, "optimizer.warmup_steps": every,
         "trainer.eval_every": 0}), fresh_directory(os.path.join(out, "runs", name)))
-    return int(FLAGS.seconds * steps_per_second(stderr))
+    return int((seconds or FLAGS.seconds) * steps_per_second(stderr))
 
 
 def budgeted(steps, evals=4):
@@ -169,16 +170,22 @@ def part_trainer(out):
             "examples_per_sec": summary["examples_per_sec"],
             "accuracy": round(summary["eval"]["accuracy"], 4),
             "macro_f1": round(summary["eval"]["macro_f1"], 4),
-            "eval_curve": _eval_curve(os.path.join(out, "runs", "trainer"))}
+            "eval_curve": _eval_curve(os.path.join(out, "runs", "trainer"),
+                                      summary["seconds"]["train"] / steps)}
 
 
-def _eval_curve(workdir):
-    """[(step, seconds of training so far, accuracy)] of a run's evals, from its log."""
-    from tensorboard.backend.event_processing import event_accumulator
-    events = event_accumulator.EventAccumulator(os.path.join(workdir, "eval"))
-    events.Reload()
-    return [(e.step, round(e.wall_time, 1), round(e.value, 4))
-            for e in events.Scalars("accuracy")] if "accuracy" in events.Tags()["scalars"] else []
+def _eval_curve(workdir, seconds_per_step):
+    """[(seconds of training, eval accuracy)] of a run's evals, from its TensorBoard
+    events (the seconds: the eval's step at the run's mean pace)."""
+    import tensorflow as tf
+    curve = []
+    for path in sorted(tf.io.gfile.glob(os.path.join(workdir, "eval", "events.out.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.tag == "accuracy":
+                    curve.append((round(event.step * seconds_per_step, 1),
+                                  round(float(tf.make_ndarray(value.tensor)), 4)))
+    return sorted(curve)
 
 
 def part_fit(out):
@@ -201,7 +208,7 @@ def part_pretrain(out):
             "--config.tokenizer.kind=sentencepiece", "--config.sample.summary_tokens=0",
             f"--config.data.prepared={os.path.join(out, 'shards')}",
             "--config.trainer.jit_compile=off"]
-    steps = calibrated_steps(args, out, "calibrate_lm")
+    steps = calibrated_steps(args, out, "calibrate_lm", FLAGS.pretrain_seconds)
     _, summary, _ = launch(args + flags_of(budgeted(steps, evals=2)),
                            fresh_directory(os.path.join(out, "runs", "lm")))
     return {"steps": steps, "seconds": summary["seconds"]["train"],
@@ -210,19 +217,23 @@ def part_pretrain(out):
 
 def part_sizes(out):
     """Each size from scratch and from the LM, for as many steps as the full run (its
-    schedule) or 20 epochs of a small set, whichever is fewer."""
+    schedule) or 20 epochs of a small set, whichever is fewer. Both use the LM's
+    vocabulary (a few hundred texts cannot train one of 8,000 pieces), so only the
+    weights they start from differ; `all` from scratch is part `trainer`'s run."""
     results = json.load(open(os.path.join(out, "results.json")))
     full_steps, rows = results["trainer"]["steps"], {}
     lm = os.path.join(out, "runs", "lm")
+    vocabulary = os.path.join(out, "shards", "tokenizer.model")
     for size in (*SIZES, "all"):
         examples = len(_read_jsonl(os.path.join(out, "data", _train_file(size))))
         steps = min(full_steps, max(20 * examples // 32, 100))
-        for start, extra in (("scratch", {}), ("pretrained", {"init.checkpoint": lm})):
+        for start, extra in (("scratch", {"tokenizer.model": vocabulary}),
+                             ("pretrained", {"init.checkpoint": lm})):
             if size == "all" and start == "scratch":
                 rows["all_scratch_accuracy"] = results["trainer"]["accuracy"]
                 rows["all_scratch_macro_f1"] = results["trainer"]["macro_f1"]
                 continue
-            _, summary, _ = launch(text_flags(out, size, **budgeted(steps), **extra),
+            _, summary, _ = launch(text_flags(out, size, **budgeted(steps, evals=1), **extra),
                                    fresh_directory(os.path.join(out, "runs", f"{size}_{start}")))
             rows[f"{size}_{start}_steps"] = steps
             rows[f"{size}_{start}_accuracy"] = round(summary["eval"]["accuracy"], 4)
@@ -230,20 +241,29 @@ def part_sizes(out):
     return rows
 
 
-def part_float16(out):
-    """A keras_hub BERT-like backbone under mixed_float16 on the real set."""
+def part_float16(out, steps=60):
+    """A keras_hub BERT-like backbone on the real set under mixed_float16 (and float32,
+    the reference): skipped steps, the loss scale's lines, accuracy. Small, and few
+    steps: a CPU emulates float16."""
     workdir = fresh_directory(os.path.join(out, "runs", "float16"))
     preset = os.path.join(workdir, "preset")
     subprocess.run([sys.executable, "-m", "benchmarks.text_fit", "--make_bert_preset",
                     f"--workdir={preset}", f"--train={os.path.join(out, 'data', 'train.jsonl')}"],
                    check=True, capture_output=True)
-    stderr, summary, _ = launch(text_flags(out, **{
-        "model.backbone": preset, "model.pool": "first", "precision": "mixed_float16",
-        "optimizer.learning_rate": 3e-4, **budgeted(200, evals=1)}), os.path.join(workdir, "run"))
-    return {"steps": 200, "skipped_steps": summary.get("skipped_steps"),
-            "stopped": summary["stopped"], "accuracy": round(summary["eval"]["accuracy"], 4),
-            "loss_scale_lines": [line[-160:] for line in stderr.splitlines()
-                                 if "non-finite" in line or "overflow" in line][:5]}
+    rows = {"steps": steps}
+    for precision in ("float32", "mixed_float16"):
+        stderr, summary, _ = launch(text_flags(out, **{
+            "model.backbone": preset, "model.pool": "first", "model.seq_len": 64,
+            "data.global_batch_size": 16, "precision": precision,
+            "optimizer.learning_rate": 1e-3, **budgeted(steps, evals=1)}),
+            os.path.join(workdir, precision))
+        rows[f"{precision}_skipped_steps"] = summary.get("skipped_steps")
+        rows[f"{precision}_stopped"] = summary["stopped"]
+        rows[f"{precision}_eval_loss"] = round(summary["eval"]["loss"], 4)
+        rows[f"{precision}_train_seconds"] = summary["seconds"]["train"]
+        rows[f"{precision}_nonfinite_lines"] = [line[-200:] for line in stderr.splitlines()
+                                                if "non-finite" in line][:3]
+    return rows
 
 
 PARTS = {"data": part_data, "linear": part_linear, "trainer": part_trainer, "fit": part_fit,

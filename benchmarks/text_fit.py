@@ -76,8 +76,8 @@ def make_bert_preset():
         reserved_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
     tokenizer = keras_hub.models.BertTokenizer(vocabulary=vocabulary, lowercase=True)
     backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=len(vocabulary), num_layers=4, num_heads=4, hidden_dim=128,
-        intermediate_dim=512, max_sequence_length=128)
+        vocabulary_size=len(vocabulary), num_layers=2, num_heads=2, hidden_dim=64,
+        intermediate_dim=256, max_sequence_length=64)  # small: float16 is emulated on CPUs
     os.makedirs(FLAGS.workdir, exist_ok=True)
     backbone.save_to_preset(FLAGS.workdir)
     tokenizer.save_to_preset(FLAGS.workdir)

@@ -210,3 +210,19 @@ def test_a_resume_on_other_labels_is_refused_and_changes_nothing(tmp_path):
         trainer.train(evaluate=False)
     assert support.checkpoint_steps(tmp_path / "run/checkpoints") == [10]
     assert "sports" in open(tmp_path / "run/task.json").read()
+
+
+def test_a_preset_backbone_is_built_in_the_runs_policy_and_trains_in_float16(tmp_path):
+    """The preset was saved in float32; the run's mixed_float16 policy builds it (else it
+    would silently train in float32), and the loss scale keeps every step finite."""
+    config = tiny_text_config(formats(tmp_path, "jsonl", texts(100)), **{
+        "model.backbone": tiny_gpt2_preset(tmp_path / "gpt2"), "model.pool": "last",
+        "model.seq_len": 64, "precision": "mixed_float16", "trainer.train_steps": 10,
+        "loss_scale.initial_scale": 2.0**8})
+    trainer = support.build(config, tmp_path / "run")
+    attention = trainer.model.backbone.get_layer("transformer_layer_0")
+    assert attention.compute_dtype == "float16" and attention.variable_dtype == "float32"
+    trainer.train()
+    summary = json.load(open(tmp_path / "run/summary.json"))
+    assert summary["stopped"] is None and summary["skipped_steps"] == 0
+    assert np.isfinite(summary["eval"]["loss"])

@@ -1,8 +1,7 @@
 """What the model sees and says, in TensorBoard: the first training batch of an image
 task as one grid (`train/input_batch`, after augmentation and normalization, mapped
-back to pixels by the Task), a language model's sample at each evaluation
-(`eval/sample`), and the task's tables of the eval (a classifier's
-`eval/confusion_matrix`)."""
+back to pixels by the Task), and a language model's sample at each evaluation
+(`eval/sample`)."""
 
 import math
 
@@ -28,9 +27,8 @@ def image_grid(images):
 
 
 class Samples(Action):
-    """Writes the input grid when training starts at step 0, a text sample and the
-    task's tables after each evaluation (Task.display_images, Task.eval_sample,
-    Task.eval_tables). The grid's batch comes from a
+    """Writes the input grid when training starts at step 0, a text sample after each
+    evaluation (Task.display_images, Task.eval_sample). The grid's batch comes from a
     fresh train pipeline of the Task (pipeline 0), which by the Task contract yields the
     same first batch as the one training reads."""
 
@@ -57,5 +55,3 @@ class Samples(Action):
             text = trainer.task.eval_sample(trainer.model)
         if text is not None:
             controller.summaries.text("eval", "sample", "```\n" + text + "\n```", step)
-        for name, table in trainer.task.eval_tables(trainer.evaluation.metrics[2:]).items():
-            controller.summaries.text("eval", name, table, step)
