@@ -16,7 +16,8 @@ the package index. Parts:
 - fit: the same model, tokenized batches and optimizer under `model.fit`; examples/s,
   time to --target accuracy, final accuracy, against the Trainer.
 - pretrain: configs/lm.py (SentencePiece) on the training texts, --seconds.
-- sizes: from scratch against from the pretrained LM, with 200, 1,000 and all labels.
+- sizes: from scratch against from the pretrained LM, with 200, 1,000 and all labels
+  (200 and 1,000: both on the LM's vocabulary; all from scratch: part trainer's run).
 - float16: a BERT-like keras_hub backbone (random weights, a WordPiece vocabulary of the
   training texts, saved as a preset folder) under mixed_float16: non-finite steps.
 Writes results.json and results.md to --out.

@@ -16,7 +16,7 @@ from tasks.classification_metrics import MacroF1, confusion_table
 from tasks.models import presets
 from tasks.models.text_classifier import POOLS, PretrainedClassifier, TransformerClassifier
 from tasks.models.transformer import blocks_train_flops
-from tasks.text_tokens import text_features
+from tasks.text_tokens import check_source_tokenizer, text_features
 from trainer.data import labeled_text
 from trainer.data.order import step_indexed_batches
 from trainer.task import Task, register
@@ -47,7 +47,9 @@ class TextClassificationTask(Task):
 
     @functools.cached_property
     def text_features(self):
-        return text_features(self.config, lambda: self.data.train.texts)
+        features = text_features(self.config, lambda: self.data.train.texts)
+        check_source_tokenizer(self.config.init.checkpoint, features.identity)
+        return features
 
     @functools.cached_property
     def _encoded(self):

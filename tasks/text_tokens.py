@@ -27,6 +27,7 @@ from trainer.data.prepare_text import read_file
 from trainer.data.tokenizers import ByteTokenizer, SentencePieceTokenizer
 from trainer.runtime import user_cache
 from trainer.state.workdir import read_json
+from trainer.step.warm_start import TASK_RECORD, source_workdir
 
 CHUNK = 4096  # texts tokenized per call when a run starts
 
@@ -47,7 +48,9 @@ class TextFeatures(tf.Module):
         else:
             self.tokenizer = GraphTokenizer(tokenizer)
             self.start, self.end, self.pad = tokenizer.separator, None, tokenizer.separator
-            identity = tokenizer.identity
+            identity = dict(tokenizer.identity)
+            if identity["kind"] == "sentencepiece":  # which vocabulary, not only its size
+                identity["sha256"] = hashlib.sha256(tokenizer.model_proto).hexdigest()[:16]
         self.keras_hub = keras_hub_tokenizer is not None
         self._identity = json.dumps(identity)  # a string: tf.Module wraps a dict
 
@@ -63,7 +66,7 @@ class TextFeatures(tf.Module):
             text = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace")
         ids = self.tokenizer.tokenize(text)
         if not isinstance(ids, tf.RaggedTensor):  # a tokenizer that pads its output
-            ids = tf.RaggedTensor.from_tensor(ids)
+            ids = tf.RaggedTensor.from_tensor(ids, padding=self.pad)
         return tf.cast(ids, tf.int32)
 
     def features(self, text):
@@ -128,17 +131,25 @@ def text_features(config, training_texts):
 def lm_run_config(checkpoint):
     """The config of the language-model run `checkpoint` (its workdir, or a checkpoint
     in it) belongs to, or None (no init, or another kind of source)."""
-    if not checkpoint or checkpoint.endswith((".h5", ".keras")):
-        return None
-    path = os.path.expanduser(checkpoint)
-    if not os.path.isdir(path):  # workdir/checkpoints/ckpt-N
-        path = os.path.dirname(os.path.dirname(path))
-    elif os.path.basename(os.path.normpath(path)) == "checkpoints":
-        path = os.path.dirname(os.path.normpath(path))
-    config = read_json(os.path.join(path, "config.json"), "the init run's config")
+    workdir = source_workdir(checkpoint)
+    config = workdir and read_json(os.path.join(workdir, "config.json"),
+                                   "the init run's config")
     if not config or config.get("task", {}).get("name") != "lm":
         return None
     return ml_collections.ConfigDict(config)
+
+
+def check_source_tokenizer(checkpoint, identity):
+    """A classifier run as init.checkpoint was trained on a tokenizer's ids: the same
+    one, or an error (its embeddings would load meaning other pieces)."""
+    workdir = source_workdir(checkpoint)
+    record = workdir and read_json(os.path.join(workdir, TASK_RECORD), "the init run's record")
+    if record and record.get("tokenizer") not in (None, identity):
+        raise ValueError(
+            f"init.checkpoint={checkpoint} was trained on the tokenizer "
+            f"{json.dumps(record['tokenizer'])}, this run's is {json.dumps(identity)}: its "
+            "embeddings mean the other's ids. Set --config.tokenizer.* (a SentencePiece "
+            "vocabulary: tokenizer.model) to the one it was trained with.")
 
 
 def _lm_tokenizer(lm, settings, checkpoint):
@@ -147,7 +158,7 @@ def _lm_tokenizer(lm, settings, checkpoint):
     if chosen.kind == "sentencepiece" and not chosen.model:
         chosen.model = os.path.join(text_corpus.directory(lm.data, lm.tokenizer),
                                     text_corpus.TOKENIZER_FILE)
-        if not os.path.isfile(chosen.model):
+        if not tf.io.gfile.exists(chosen.model):
             raise FileNotFoundError(
                 f"init.checkpoint={checkpoint} is a language model whose SentencePiece "
                 f"vocabulary was kept with its token shards, in {chosen.model}, which is "
@@ -163,10 +174,11 @@ def _lm_tokenizer(lm, settings, checkpoint):
 
 
 def _trained(texts, settings):
-    """A SentencePiece model trained on up to tokenizer.train_sample_bytes of `texts`,
+    """A SentencePiece model trained on up to tokenizer.train_sample_bytes of `texts`
+    (in the order of their hashes: every class, whatever order they were read in),
     cached by their content: the same texts give the same model, once per machine."""
     sample, size = [], 0
-    for text in texts:
+    for text in sorted(texts, key=lambda t: hashlib.sha256(t).digest()):
         if size >= settings.train_sample_bytes:
             break
         sample.append(text)

@@ -64,4 +64,10 @@ def load_backbone(preset, dtype):
 
 def load_tokenizer(preset):
     folder = check_folder(preset)
-    return keras_hub().tokenizers.Tokenizer.from_preset(folder)
+    try:
+        return keras_hub().tokenizers.Tokenizer.from_preset(folder)
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        raise ValueError(
+            f"The tokenizer of {folder} ({TOKENIZER} and assets/) cannot be loaded "
+            f"({str(e).strip().splitlines()[0][:300]}): save it with "
+            "Tokenizer.save_to_preset into the backbone's folder.") from e

@@ -142,3 +142,21 @@ def test_a_preset_without_weights_or_with_another_models_names_the_file(tmp_path
     with pytest.raises(ValueError, match=r"bert/model\.weights\.h5 does not fit "
                                          r".*bert/config\.json"):
         presets.load_backbone(bert, "float32")
+
+
+def test_csv_number_labels_a_bom_and_sparse_or_broken_labels(tmp_path):
+    path = tmp_path / "t.csv"
+    rows = "\n".join(f'"text {i}",0{i % 3}' for i in range(30))
+    path.write_bytes(b"\xef\xbb\xbftext,label\n" + rows.encode() + b"\n")  # Excel's BOM
+    r = labeled_text.read(data(format="csv", train=str(path), eval_fraction=0.3))
+    assert r.label_names == ["0", "1", "2"]  # "01" is class 1
+    sparse = [(t, 1000 * ["cooking", "sports", "weather"].index(label))
+              for t, label in texts(30)]
+    with pytest.raises(ValueError, match=r"run from 0 to 2000 with 3 distinct values"):
+        labeled_text.read(data(train=write_jsonl(tmp_path / "s.jsonl", sparse)))
+    broken = tmp_path / "b.jsonl"
+    write_jsonl(broken, texts(5))
+    with open(broken, "a") as f:
+        f.write('{"text": "half an emoji \\ud83d", "label": "sports"}\n')
+    with pytest.raises(BadDocument, match=r"b\.jsonl:6: the text is not valid Unicode"):
+        labeled_text.read(data(train=str(broken)))

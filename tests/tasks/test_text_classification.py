@@ -3,6 +3,7 @@ matrix in TensorBoard), exact resume, 2 replicas, the export on raw strings, the
 start from a language model, keras_hub backbones from preset folders, and a resume on
 other labels refused."""
 
+import hashlib
 import json
 
 import numpy as np
@@ -16,6 +17,7 @@ from support.text_data import (texts, tiny_bert_preset, tiny_gpt2_preset, tiny_t
                                write_csv, write_folder, write_jsonl)
 from tasks.classification_metrics import MacroF1
 from trainer.actions.export import export
+from trainer.modes import export as export_mode
 from trainer.task import get_task
 
 
@@ -144,6 +146,11 @@ def test_the_export_takes_raw_strings_and_gives_probabilities_and_label_names(tm
     raw = ["rain and snow today", b"caf\xe9 goal".decode("latin-1"), "", "bake " * 80,
            b"\xff\xfe sugar"]
     trainer, outputs, expected = served_against_the_model(config, tmp_path, raw)
+    if backbone == "transformer":  # bytes: the separator, then the text's bytes, cut
+        ids, lengths = trainer.task.text_features.encode_all(raw, "served")
+        for text, row, length in zip(raw, ids, lengths):
+            data = text if isinstance(text, bytes) else text.encode()
+            assert list(row[:length]) == [256, *data[:config.model.seq_len - 1]]
     np.testing.assert_allclose(outputs["probabilities"], expected, rtol=1e-4, atol=1e-5)
     names = [n.decode() for n in outputs["label_names"][0].numpy()]
     assert names == ["cooking", "sports", "weather"]
@@ -166,8 +173,11 @@ def test_a_classifier_starts_from_a_language_models_checkpoint(tmp_path):
     classifier = support.build(config, tmp_path / "run")
     classifier.train(evaluate=False)
     record = json.load(open(tmp_path / "run/init.json"))
-    lm_weights = {v.path: v.numpy() for v in lm_trainer.model.weights}
-    assert len(record["loaded"]) == len(lm_weights) == 20  # no rename written
+    assert len(record["loaded"]) == 20  # every LM weight, no rename written
+    started = support.build(config, tmp_path / "fresh")
+    started.restore_or_warm_start()
+    for source, loaded in zip(lm_trainer.model.weights, started.model.weights):
+        np.testing.assert_array_equal(source.numpy(), loaded.numpy(), err_msg=loaded.path)
     assert record["left_at_init"] == ["classifier/classifier_head/kernel",
                                       "classifier/classifier_head/bias"]
     # Then from the classifier: the head loads too (init.new holds it only if absent).
@@ -178,6 +188,17 @@ def test_a_classifier_starts_from_a_language_models_checkpoint(tmp_path):
     assert json.load(open(tmp_path / "again/init.json"))["left_at_init"] == []
     np.testing.assert_array_equal(again.model.head.kernel.numpy(),
                                   classifier.model.head.kernel.numpy())
+    # A classifier of other labels (as many): its head would mean other classes.
+    relabeled = [(t, label.upper()) for t, label in texts(100)]
+    other = support.build(tiny_text_config(
+        formats(tmp_path / "other", "jsonl", relabeled),
+        **{f"model.{k}": v for k, v in sizes.items()},
+        **{"init.checkpoint": str(tmp_path / "run")}), tmp_path / "other_run")
+    other.restore_or_warm_start()
+    record = json.load(open(tmp_path / "other_run/init.json"))
+    assert record["left_at_init"] == ["classifier/classifier_head/kernel",
+                                      "classifier/classifier_head/bias"]
+    assert "label_names differ" in record["weights"]
 
 
 def test_a_classifier_of_a_sentencepiece_lm_uses_its_vocabulary(tmp_path):
@@ -192,7 +213,10 @@ def test_a_classifier_of_a_sentencepiece_lm_uses_its_vocabulary(tmp_path):
     config = tiny_text_config(formats(tmp_path, "jsonl", texts(100)), **{
         "init.checkpoint": str(tmp_path / "lm/run"), "tokenizer.kind": "bytes"})
     task = get_task(config)
-    assert task.text_features.identity == lm_trainer.task.tokenizer.identity
+    identity = dict(task.text_features.identity)
+    assert identity.pop("sha256") == hashlib.sha256(
+        lm_trainer.task.tokenizer.model_proto).hexdigest()[:16]
+    assert identity == lm_trainer.task.tokenizer.identity
     config.tokenizer.model = str(tmp_path / "another.model")
     with pytest.raises(ValueError, match="is a language model trained with .*tokenizer.model"):
         get_task(config).text_features
@@ -208,6 +232,8 @@ def test_a_resume_on_other_labels_is_refused_and_changes_nothing(tmp_path):
     trainer = support.build(config, tmp_path / "run")
     with pytest.raises(ValueError, match=r"label_names differ .* \"other\""):
         trainer.train(evaluate=False)
+    with pytest.raises(ValueError, match=r"ckpt-10 was trained on data whose label_names"):
+        export_mode.run(config, tf.distribute.get_strategy(), str(tmp_path / "run"), {})
     assert support.checkpoint_steps(tmp_path / "run/checkpoints") == [10]
     assert "sports" in open(tmp_path / "run/task.json").read()
 

@@ -5,14 +5,15 @@
   `text_dataset_from_directory` reads); a file is one text.
 - jsonl / csv: a glob of files; `data.text_key` and `data.label_key` name each
   record's fields (a CSV's header row names its columns).
-- tfds: `data.train` is a TFDS dataset prepared offline (`name` or `name:version`),
-  `data.train_split` / `data.eval_split` its splits.
+- tfds: `data.tfds_name`, a TFDS dataset prepared offline, and its splits
+  `data.train` and `data.eval`.
 
-Labels are strings or integers. Strings map to ids in sorted order; integers are
-their own ids. The names are saved with the run and its export. Texts stay UTF-8
-bytes as read: a byte that is not valid UTF-8 is kept for the tokenizer and counted.
-Without `data.eval`, `data.eval_fraction` of the training texts, chosen by a hash
-of each text, are held out.
+Labels are strings or integers. Strings map to ids in sorted order; integers (a CSV
+column of digits too) are their own ids. The names are saved with the run and its
+export. A text file's or CSV's bytes stay as read: a byte that is not valid UTF-8 is
+kept for the tokenizer and counted (JSON holds only valid text). Without `data.eval`,
+`data.eval_fraction` of the training texts, chosen by a hash of each text, are held
+out.
 """
 
 import csv
@@ -72,6 +73,9 @@ def read(data):
             raise ValueError(f"data.eval_fraction={data.eval_fraction} holds out none of the "
                              f"{len(train)} training texts: raise it, or name held-out texts "
                              "with --config.data.eval.")
+        if not any(keep):
+            raise ValueError(f"data.eval_fraction={data.eval_fraction} holds out all of the "
+                             f"{len(train)} training texts: lower it.")
         held = [r for r, k in zip(train, keep) if not k]
         train = [r for r, k in zip(train, keep) if k]
     return _labeled(train, held, None, data)
@@ -136,7 +140,7 @@ def _jsonl_records(path, text_key, label_key):
 
 def _csv_records(path, text_key, label_key):
     # Decoded with surrogateescape, so a byte that is not UTF-8 survives to the tokenizer.
-    content = read_file(path).decode("utf-8", errors="surrogateescape")
+    content = read_file(path).decode("utf-8-sig", errors="surrogateescape")  # (a BOM)
     reader = csv.DictReader(io.StringIO(content, newline=""))
     return [_fields(row, text_key, label_key, f"{path}:{reader.line_num}")
             for row in reader]
@@ -152,7 +156,12 @@ def _fields(record, text_key, label_key, where):
         raise BadDocument(f"{where}: the text field {text_key!r} is not a string.")
     if isinstance(label, bool) or not isinstance(label, (str, int)):
         raise BadDocument(f"{where}: the label {label!r} is neither a string nor an integer.")
-    return text.encode("utf-8", errors="surrogateescape"), label, where
+    try:
+        encoded = text.encode("utf-8", errors="surrogateescape")
+    except UnicodeEncodeError as e:  # a lone surrogate (half an emoji, cut)
+        raise BadDocument(f"{where}: the text is not valid Unicode ({e.reason} at "
+                          f"character {e.start}); fix or remove it.") from e
+    return encoded, label, where
 
 
 def _checked(records, data):
@@ -176,14 +185,18 @@ def _labeled(train, held, label_names, data):
     if not train:
         raise ValueError(f"{data.train} holds no training texts.")
     if label_names is None:
-        label_names = _label_names(train, data)
+        train, held = _numbers_as_ints(train, data), _numbers_as_ints(held, data)
+        label_names = _label_names(train)
     ids = {name: i for i, name in enumerate(label_names)}
     seen = {str(label) for _, label, _ in train}
     for text, label, where in held:
         if str(label) not in seen:
-            raise ValueError(f"{where}: the eval label {label!r} is not among the training "
-                             f"labels ({', '.join(sorted(seen)[:20])}): add training texts "
-                             "of it, or leave it out of the eval set.")
+            raise ValueError(
+                f"{where}: the eval label {label!r} is not among the training labels "
+                f"({', '.join(sorted(seen)[:20])}): " + (
+                    "add training texts of it, or leave it out of the eval set." if data.eval
+                    else "data.eval_fraction held out every text of it; give it more texts, "
+                    "or name held-out texts with --config.data.eval."))
 
     def split(records):
         invalid = sum(1 for text, _, _ in records if not _valid_utf8(text))
@@ -198,22 +211,36 @@ def _labeled(train, held, label_names, data):
     return labeled
 
 
-def _label_names(train, data):
-    """Sorted names, or "0".."max" for integer labels (a CSV's digit strings too)."""
+def _numbers_as_ints(records, data):
+    """A CSV's labels as integers when every one is a number ("07" is 7)."""
+    if data.format != "csv" or not all(str(r[1]).isdecimal() for r in records):
+        return records
+    return [(text, int(label), where) for text, label, where in records]
+
+
+def _label_names(train):
+    """Sorted names, or "0".."max" for integer labels."""
     labels = [label for _, label, _ in train]
     kinds = {type(label) for label in labels}
-    if kinds == {int} or (data.format == "csv" and all(
-            label.isdigit() for label in labels)):
-        numbers = [int(label) for label in labels]
-        if min(numbers) < 0:
-            raise ValueError(f"{data.train}: integer labels are class ids, from 0; it holds "
-                             f"{min(numbers)}.")
-        return [str(i) for i in range(max(numbers) + 1)]
     if len(kinds) > 1:
         where = next(w for _, label, w in train if isinstance(label, int))
         raise ValueError(f"{where}: its label is an integer, others are strings; make the "
                          "labels all one kind.")
-    return sorted(set(labels))
+    if kinds != {int}:
+        return sorted(set(labels))
+    low, high, distinct = min(labels), max(labels), len(set(labels))
+    if low < 0 or high + 1 > 2 * distinct:
+        raise ValueError(
+            f"{_source(train)}: integer labels are class ids 0..N-1, but these run from "
+            f"{low} to {high} with {distinct} distinct values (a head of {high + 1} "
+            "classes): number the classes from 0, or write the labels as strings to "
+            "name them.")
+    return [str(i) for i in range(high + 1)]
+
+
+def _source(records):
+    """Where the records come from (the first one's file)."""
+    return records[0][2].rsplit(":", 1)[0]
 
 
 def _valid_utf8(text):

@@ -25,6 +25,9 @@ def read_tfds(data):
     if missing:
         raise ValueError(f"{data.tfds_name} has no feature {missing} (it has "
                          f"{sorted(features)}); set data.text_key and data.label_key.")
+    if not data.eval:
+        raise ValueError("data.format=tfds: name the held-out split with --config.data.eval "
+                         f"(e.g. test; {data.tfds_name} has {sorted(builder.info.splits)}).")
     splits = [data.train, data.eval]
     for split in splits:
         if split not in builder.info.splits:

@@ -19,6 +19,7 @@ from absl import logging
 from trainer.loop import goodput
 from trainer.state.workdir import is_local, read_json
 from trainer.step.accumulation import warn_if_the_stream_moves
+from trainer.step.warm_start import TASK_RECORD
 
 
 def _version(package):
@@ -49,19 +50,30 @@ def write_start(controller):
 
 
 def _write_task_record(controller, record):
-    path = os.path.join(controller.trainer.workdir, "task.json")
+    if controller.step:
+        check_task_record(controller.trainer.workdir, record,
+                          f"The checkpoint at step {controller.step}")
+    controller.files.write_json(os.path.join(controller.trainer.workdir, TASK_RECORD), record)
+
+
+def check_task_record(workdir, record, what):
+    """Refuses to go on from `what` (a checkpoint of the run in `workdir`) with data whose
+    Task.run_record differs from the one the run wrote (`record`, None: no record)."""
+    if record is None:
+        return
+    record = json.loads(json.dumps(record))
+    path = os.path.join(workdir, TASK_RECORD)
     previous = read_json(path, "the task's record of the run")
-    if controller.step and previous is not None and previous != record:
+    if previous is not None and previous != record:
         changed = sorted(k for k in set(record) | set(previous)
                          if record.get(k) != previous.get(k))
         raise ValueError(
-            f"The checkpoint at step {controller.step} was trained on data whose "
-            f"{', '.join(changed)} differ from this launch's ({path} holds the run's): "
-            f"was {json.dumps({k: previous.get(k) for k in changed})[:300]}, now "
-            f"{json.dumps({k: record.get(k) for k in changed})[:300]}. Resume with the "
-            "data it was trained on, or start a new workdir (init.checkpoint can start "
-            "from this one). Nothing was changed.")
-    controller.files.write_json(path, record)
+            f"{what} was trained on data whose {', '.join(changed)} differ from this "
+            f"launch's ({path} holds the run's): was "
+            f"{json.dumps({k: previous.get(k) for k in changed})[:300]}, now "
+            f"{json.dumps({k: record.get(k) for k in changed})[:300]}. Use the data it was "
+            "trained on, or start a new workdir (init.checkpoint can start from this one). "
+            "Nothing was changed.")
 
 
 def run_summary(controller, stopped):

@@ -2,6 +2,7 @@
 
 from trainer.actions import Evaluate
 from trainer.loop.controller import Controller
+from trainer.loop.run_summary import check_task_record
 from trainer.runtime.precision import set_policy
 from trainer.step.trainer import Trainer
 from trainer.task import get_task
@@ -11,6 +12,7 @@ def run(config, strategy, workdir, summary):
     set_policy(config.precision, strategy)
     trainer = Trainer(config, get_task(config), strategy, workdir)
     summary["checkpoint"] = restore_latest(trainer, "eval")
+    check_task_record(workdir, trainer.task.run_record(), summary["checkpoint"])
     evaluate = Evaluate(0)
     loop = Controller(trainer, [evaluate])
     evaluate(loop, loop.step, {})

@@ -197,7 +197,7 @@ class Trainer(TrainStep):
         """Loads `config.init` into the model (fine-tuning, trainer/step/warm_start.py);
         returns what was loaded, or None without `init.checkpoint`."""
         record = warm_start(self.config, self.variable_names, lambda: build_model(self.task),
-                            ChiefFiles(self.is_chief), self.workdir)
+                            ChiefFiles(self.is_chief), self.workdir, self.task.run_record())
         if record and self.ema:
             self.ema.start_from_weights()
         return record

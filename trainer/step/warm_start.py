@@ -24,11 +24,13 @@ from tensorflow.io import gfile
 
 from trainer.state.checkpoint_state import listed_checkpoints
 from trainer.state.checkpoints import read_error
+from trainer.state.workdir import read_json
 from trainer.state.layout import (LAYOUT_VERSION, checkpoint_reader, matching, saved_variables,
                                   variable_names)
 from trainer.step.step_variables import SEED_STATE_NAME
 
 RECORD = "init.json"
+TASK_RECORD = "task.json"  # a run's Task.run_record (trainer/loop/run_summary.py)
 EMA_SLOT = "/average"  # Keras' EMA of a weight, as the checkpoint layout names its slot
 
 
@@ -133,9 +135,33 @@ def _model_names(source, variables):
     return (theirs, ours) if theirs and ours and theirs != ours else None
 
 
-def warm_start(config, variables, build_model, files, workdir):
+def source_workdir(checkpoint):
+    """The workdir of the run `checkpoint` (a workdir, its checkpoints/ or a ckpt-N in
+    it) names, or None (a Keras file)."""
+    if not checkpoint or checkpoint.endswith((".h5", ".keras")):
+        return None
+    path = os.path.expanduser(checkpoint).rstrip("/")  # local, or gs://...
+    if not gfile.isdir(path):  # workdir/checkpoints/ckpt-N
+        return os.path.dirname(os.path.dirname(path))
+    return os.path.dirname(path) if os.path.basename(path) == "checkpoints" else path
+
+
+def _differing_record(checkpoint, task_record):
+    """The keys in which the source run's task.json (Task.run_record: a classifier's
+    label names) differs from this run's, or []."""
+    workdir = source_workdir(checkpoint)
+    source = read_json(os.path.join(workdir, TASK_RECORD),
+                       "the init run's task record") if workdir and task_record else None
+    if not source:
+        return []
+    return sorted(k for k in set(source) | set(task_record) if source.get(k) != task_record.get(k))
+
+
+def warm_start(config, variables, build_model, files, workdir, task_record=None):
     """Loads `config.init` into `variables` ({name: variable}); returns the table's
-    record, or None without `init.checkpoint`. Nothing is changed on an error."""
+    record, or None without `init.checkpoint`. Nothing is changed on an error.
+    `task_record`: this run's Task.run_record; a source run whose own differs (a
+    classifier of other labels) gives none of the `init.new` variables (its head)."""
     init = config.init
     if not init.checkpoint:
         return None
@@ -154,12 +180,13 @@ def warm_start(config, variables, build_model, files, workdir):
             name = renamed_model[1] + name[len(renamed_model[0]):]
         values[name] = value
     fresh = set(matching(variables, init.new, "init.new"))
+    differing = _differing_record(init.checkpoint, task_record)
     loaded, absent, reshaped, new = [], [], [], []
     for name in include:
         if name in excluded:
             continue
         fits = name in values and tuple(values[name].shape) == tuple(variables[name].shape)
-        if fits:
+        if fits and not (differing and name in fresh):
             loaded.append(name)
         elif name in fresh:
             new.append(name)
@@ -179,6 +206,9 @@ def warm_start(config, variables, build_model, files, workdir):
     for name in loaded:
         variable = variables[name]
         variable.assign(np.asarray(values[name]).astype(variable.dtype))
+    if differing and fresh:
+        kind += (f"; its {', '.join(differing)} differ from this run's (task.json), so "
+                 "init.new's variables start fresh")
     if renamed_model:
         kind += f"; the source's {renamed_model[0]}... read as this model's {renamed_model[1]}..."
     record = {"checkpoint": init.checkpoint, "weights": kind, "loaded": loaded,
