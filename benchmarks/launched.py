@@ -33,3 +33,23 @@ def flags_of(config_overrides):
 def steps_per_second(stderr):
     rates = [float(m.group(1)) for m in re.finditer(r"([\d.]+) steps/s", stderr)]
     return statistics.median(rates[1:]) if len(rates) > 1 else rates[0]
+
+
+def run_parts(parts, functions, out):
+    """Runs each named part (`functions[part](out)`, its rows) in turn, keeping every
+    part's rows in out/results.json (those of earlier invocations too) and a table of
+    them in out/results.md."""
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "results.json")
+    results = json.load(open(path)) if os.path.exists(path) else {}
+    for part in parts:
+        results[part] = functions[part](out)
+        print(part, json.dumps(results[part], indent=1), flush=True)
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        for part, rows in results.items():
+            f.write(f"### {part}\n\n| measure | value |\n|---|---|\n")
+            f.writelines(f"| {k} | {v:.4g} |\n" if isinstance(v, float) else f"| {k} | {v} |\n"
+                         for k, v in rows.items())
+            f.write("\n")

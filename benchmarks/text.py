@@ -28,7 +28,7 @@ import time
 
 from absl import app, flags
 
-from benchmarks.launched import flags_of, launch, steps_per_second
+from benchmarks.launched import flags_of, launch, run_parts, steps_per_second
 from benchmarks.scratch import fresh_directory
 
 FLAGS = flags.FLAGS
@@ -269,23 +269,11 @@ PARTS = {"prepare": part_prepare, "input": part_input, "memory": part_memory,
 
 def main(argv):
     del argv
-    os.makedirs(FLAGS.out, exist_ok=True)
-    path = os.path.join(FLAGS.out, "results.json")
-    results = json.load(open(path)) if os.path.exists(path) else {}
     for part in FLAGS.parts:
         if part != "prepare" and not os.path.exists(os.path.join(FLAGS.out, SPM)):
             raise SystemExit(f"--parts={part} reads what the prepare part writes: run it "
                              "first.")
-        results[part] = PARTS[part](FLAGS.out)
-        print(part, json.dumps(results[part], indent=1), flush=True)
-        with open(path, "w") as f:
-            json.dump(results, f, indent=1)
-    with open(os.path.join(FLAGS.out, "results.md"), "w") as f:
-        for part, rows in results.items():
-            f.write(f"### {part}\n\n| measure | value |\n|---|---|\n")
-            f.writelines(f"| {k} | {v:.4g} |\n" if isinstance(v, float) else f"| {k} | {v} |\n"
-                         for k, v in rows.items())
-            f.write("\n")
+    run_parts(FLAGS.parts, PARTS, FLAGS.out)
 
 
 if __name__ == "__main__":

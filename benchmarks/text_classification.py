@@ -35,7 +35,7 @@ import time
 from absl import app, flags
 
 from benchmarks.scratch import fresh_directory
-from benchmarks.launched import flags_of, launch, steps_per_second
+from benchmarks.launched import flags_of, launch, run_parts, steps_per_second
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("parts", ["data", "linear", "trainer", "fit", "pretrain", "sizes",
@@ -273,19 +273,7 @@ PARTS = {"data": part_data, "linear": part_linear, "trainer": part_trainer, "fit
 
 def main(argv):
     del argv
-    os.makedirs(FLAGS.out, exist_ok=True)
-    path = os.path.join(FLAGS.out, "results.json")
-    results = json.load(open(path)) if os.path.exists(path) else {}
-    for part in FLAGS.parts:
-        results[part] = PARTS[part](FLAGS.out)
-        print(part, json.dumps(results[part]), flush=True)
-        with open(path, "w") as f:
-            json.dump(results, f, indent=1)
-    with open(os.path.join(FLAGS.out, "results.md"), "w") as f:
-        for part, rows in results.items():
-            f.write(f"### {part}\n\n| measure | value |\n|---|---|\n")
-            f.writelines(f"| {k} | {v} |\n" for k, v in rows.items())
-            f.write("\n")
+    run_parts(FLAGS.parts, PARTS, FLAGS.out)
 
 
 if __name__ == "__main__":

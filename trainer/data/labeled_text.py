@@ -27,7 +27,7 @@ import sysconfig
 
 from absl import logging
 
-from trainer.data.prepare_text import BadDocument, held_out, read_file
+from trainer.data.prepare_text import BadDocument, held_out, read_file, valid_utf8
 
 FORMATS = ("folder", "jsonl", "csv", "tfds")
 _DEFINITION = re.compile(rb"^(?=(?:async def|def|class) )", re.M)  # a top-level one starts
@@ -199,7 +199,7 @@ def _labeled(train, held, label_names, data):
                     "or name held-out texts with --config.data.eval."))
 
     def split(records):
-        invalid = sum(1 for text, _, _ in records if not _valid_utf8(text))
+        invalid = sum(1 for text, _, _ in records if not valid_utf8(text))
         return Split([r[0] for r in records], [ids[str(r[1])] for r in records],
                      invalid_utf8=invalid)
 
@@ -241,11 +241,3 @@ def _label_names(train):
 def _source(records):
     """Where the records come from (the first one's file)."""
     return records[0][2].rsplit(":", 1)[0]
-
-
-def _valid_utf8(text):
-    try:
-        text.decode("utf-8")
-        return True
-    except UnicodeDecodeError:
-        return False

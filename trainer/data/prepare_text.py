@@ -218,10 +218,10 @@ def _tokenize(job, fmt, text_key, skip_bad):
         ids = token_shards.checked_ids(_WORKER_TOKENIZER.encode(text), vocab_size, name)
         tokenized.append((name, is_eval or (threshold is not None and place < threshold),
                           ids, place))  # (ids in the shard's dtype: 4x less to send back)
-    return tokenized, skipped, sum(not _valid_utf8(text) for _, text in documents)
+    return tokenized, skipped, sum(not valid_utf8(text) for _, text in documents)
 
 
-def _valid_utf8(text):
+def valid_utf8(text):
     try:
         text.decode("utf-8")
         return True

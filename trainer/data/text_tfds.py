@@ -2,24 +2,12 @@
 `data.tfds_name`, its splits `data.train` and `data.eval`, and the features
 `data.text_key` and `data.label_key` (a ClassLabel's names become the label names)."""
 
-import os
+from trainer.data.tfds_prepared import prepared_builder
 
 
 def read_tfds(data):
     """(train records, eval records, label names or None) as labeled_text reads them."""
-    try:
-        import tensorflow_datasets as tfds
-    except ImportError as e:
-        raise ImportError("data.format=tfds needs tensorflow-datasets: pip install "
-                          "'tftrainer[data]'.") from e
-    if not data.tfds_name:
-        raise ValueError("data.format=tfds needs --config.data.tfds_name=.")
-    builder = tfds.builder(data.tfds_name,
-                           data_dir=os.path.expanduser(data.tfds_data_dir) or None)
-    if not builder.is_prepared():
-        raise ValueError(f"TFDS dataset {data.tfds_name} is not prepared in "
-                         f"{builder.data_dir}: prepare it first (tfds build, or "
-                         "builder.download_and_prepare()) and set data.tfds_data_dir.")
+    tfds, builder = prepared_builder(data)
     features = builder.info.features
     missing = [k for k in (data.text_key, data.label_key) if k not in features]
     if missing:

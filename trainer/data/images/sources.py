@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from trainer.data.tfds_prepared import prepared_builder
 from trainer.data.tfrecord_index import Index
 
 gfile = tf.io.gfile
@@ -145,19 +146,7 @@ def tfrecords(paths, keys, description, class_names=()):
 
 def tfds_split(data, split):
     """A split of a prepared TFDS dataset (never downloaded here)."""
-    try:
-        import tensorflow_datasets as tfds
-    except ImportError as e:
-        raise ImportError("data.format=tfds needs tensorflow-datasets: pip install "
-                          "'tftrainer[data]'.") from e
-    if not data.tfds_name:
-        raise ValueError("data.format=tfds needs --config.data.tfds_name=.")
-    data_dir = os.path.expanduser(data.tfds_data_dir) or None
-    builder = tfds.builder(data.tfds_name, data_dir=data_dir)
-    if not builder.is_prepared():
-        raise ValueError(f"TFDS dataset {data.tfds_name} is not prepared in "
-                         f"{builder.data_dir}: prepare it first (tfds build, or "
-                         "builder.download_and_prepare()) and set data.tfds_data_dir.")
+    tfds, builder = prepared_builder(data)
     if split not in builder.info.splits:
         raise ValueError(f"{data.tfds_name} has no split {split!r}; it has "
                          f"{sorted(builder.info.splits)}.")
