@@ -11,12 +11,13 @@ import functools
 import keras
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from tasks.classification_metrics import MacroF1, confusion_table
 from tasks.models import presets
 from tasks.models.text_classifier import POOLS, PretrainedClassifier, TransformerClassifier
 from tasks.models.transformer import blocks_train_flops
-from tasks.text_tokens import check_source_tokenizer, text_features
+from tasks.text_tokens import check_source_tokenizer, lm_run_config, text_features
 from trainer.data import labeled_text
 from trainer.data.order import step_indexed_batches
 from trainer.task import Task, register
@@ -70,6 +71,16 @@ class TextClassificationTask(Task):
         return () if d.format == "tfds" else tuple(p for p in (d.train, d.eval)
                                                    if p and p != "stdlib")
 
+    @functools.cached_property
+    def causal(self):
+        """model.causal, or True when starting from a language model: its encoder learned
+        causal attention, and reading later tokens too would feed it what it never saw."""
+        if not self.config.model.causal and lm_run_config(self.config.init.checkpoint):
+            logging.info("model.causal: True, the attention of the language model in "
+                         "init.checkpoint.")
+            return True
+        return self.config.model.causal
+
     def run_record(self):
         return {"label_names": self.label_names, "tokenizer": self.text_features.identity}
 
@@ -78,7 +89,7 @@ class TextClassificationTask(Task):
         if m.backbone == "transformer":
             model = TransformerClassifier(
                 num_classes, m.pool, self.text_features.identity["vocab_size"], m.seq_len,
-                m.num_layers, m.d_model, m.num_heads, m.mlp_dim, m.dropout, m.causal,
+                m.num_layers, m.d_model, m.num_heads, m.mlp_dim, m.dropout, self.causal,
                 m.remat, name="classifier")  # the names its checkpoints hold
         else:
             backbone = presets.load_backbone(m.backbone,
@@ -93,7 +104,7 @@ class TextClassificationTask(Task):
         m = self.config.model
         if m.backbone != "transformer":
             return None  # counted on the backbone's graph
-        return (blocks_train_flops(m.seq_len, m.num_layers, m.d_model, m.mlp_dim, m.causal)
+        return (blocks_train_flops(m.seq_len, m.num_layers, m.d_model, m.mlp_dim, self.causal)
                 + 6 * m.d_model * len(self.label_names))
 
     def build_inputs(self, split, input_context, start_step=0):

@@ -174,6 +174,7 @@ def test_a_classifier_starts_from_a_language_models_checkpoint(tmp_path):
     classifier.train(evaluate=False)
     record = json.load(open(tmp_path / "run/init.json"))
     assert len(record["loaded"]) == 20  # every LM weight, no rename written
+    assert all(block.causal for block in classifier.model.blocks)  # the LM's attention
     started = support.build(config, tmp_path / "fresh")
     started.restore_or_warm_start()
     for source, loaded in zip(lm_trainer.model.weights, started.model.weights):
