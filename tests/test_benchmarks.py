@@ -65,7 +65,7 @@ def test_time_to_accuracy_harness_smoke(tmp_path):
     the report gives each one's time and the steps it took (no timing is asserted)."""
     out = tmp_path / "tta"
     tiny = ("model.num_layers=1,model.d_model=32,model.num_heads=2,model.mlp_dim=64,"
-            "model.seq_len=32,data.max_bytes=200000,trainer.train_steps=80,"
+            "model.seq_len=32,data.max_bytes=100000,trainer.train_steps=40,"
             "optimizer.warmup_steps=0,trainer.jit_compile=off")
     run = subprocess.run(
         [sys.executable, "-m", "benchmarks.time_to_accuracy", "--workloads=lm",

@@ -281,8 +281,8 @@ def test_text_files_to_prepare_train_sample_and_an_export_that_takes_strings(tmp
     workdir = f"--workdir={tmp_path / 'run'}"
     run = launch(*common, workdir, "--mode=train_and_eval")
     assert "Preparing" not in run.stderr and "bits_per_byte=" in run.stderr
-    samples = [launch(*common, workdir, "--mode=sample").stdout for _ in range(2)]
-    assert samples[0].startswith("the ") and samples[0] == samples[1]
+    # (the same text each time: test_generation_is_reproducible_and_ends_with_the_document)
+    assert launch(*common, workdir, "--mode=sample").stdout.startswith("the ")
     launch(*common, workdir, "--mode=export")
     served = subprocess.run([sys.executable, "-c", SERVE, str(tmp_path / "run/export/10")],
                             capture_output=True, text=True, timeout=300,
