@@ -71,8 +71,10 @@ def make_bert_preset():
     import keras_hub
     with open(FLAGS.train) as f:
         texts = [json.loads(line)["text"] for line in f]
+    import tensorflow as tf
     vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
-        texts, vocabulary_size=8000, lowercase=True,
+        tf.data.Dataset.from_tensor_slices(texts).batch(1024),  # (a list: file names)
+        vocabulary_size=8000, lowercase=True,
         reserved_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
     tokenizer = keras_hub.models.BertTokenizer(vocabulary=vocabulary, lowercase=True)
     backbone = keras_hub.models.BertBackbone(
