@@ -39,6 +39,9 @@ def run_parts(parts, functions, out):
     """Runs each named part (`functions[part](out)`, its rows) in turn, keeping every
     part's rows in out/results.json (those of earlier invocations too) and a table of
     them in out/results.md."""
+    unknown = [p for p in parts if p not in functions]
+    if unknown:
+        raise SystemExit(f"Unknown parts {unknown}; choose from {', '.join(functions)}.")
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "results.json")
     results = json.load(open(path)) if os.path.exists(path) else {}

@@ -269,11 +269,11 @@ PARTS = {"prepare": part_prepare, "input": part_input, "memory": part_memory,
 
 def main(argv):
     del argv
-    for part in FLAGS.parts:
-        if part != "prepare" and not os.path.exists(os.path.join(FLAGS.out, SPM)):
-            raise SystemExit(f"--parts={part} reads what the prepare part writes: run it "
-                             "first.")
-    run_parts(FLAGS.parts, PARTS, FLAGS.out)
+    prepared = "prepare" in FLAGS.parts or os.path.exists(os.path.join(FLAGS.out, SPM))
+    if not prepared:  # (it runs first when asked for: PARTS' order)
+        raise SystemExit(f"--parts={','.join(FLAGS.parts)} reads what the prepare part "
+                         "writes: run it first.")
+    run_parts(sorted(FLAGS.parts, key=lambda p: p != "prepare"), PARTS, FLAGS.out)
 
 
 if __name__ == "__main__":

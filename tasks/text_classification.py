@@ -92,8 +92,7 @@ class TextClassificationTask(Task):
                 m.num_layers, m.d_model, m.num_heads, m.mlp_dim, m.dropout, self.causal,
                 m.remat, name="classifier")  # the names its checkpoints hold
         else:
-            backbone = presets.load_backbone(m.backbone,
-                                             keras.mixed_precision.global_policy().name)
+            backbone = presets.load_backbone(m.backbone)
             model = PretrainedClassifier(backbone, num_classes, m.pool, m.dropout,
                                          name="classifier")
         model({"token_ids": tf.zeros((1, m.seq_len), tf.int32),

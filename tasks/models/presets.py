@@ -50,11 +50,12 @@ def check_folder(preset):
     return folder
 
 
-def load_backbone(preset, dtype):
-    """The backbone with its weights, in `dtype` (the run's policy, not the one saved)."""
+def load_backbone(preset):
+    """The backbone with its weights. keras_hub builds a preset saved in a float dtype in
+    the global policy (the run's precision); a quantized one keeps its saved dtypes."""
     folder = check_folder(preset)
     try:
-        return keras_hub().models.Backbone.from_preset(folder, dtype=dtype)
+        return keras_hub().models.Backbone.from_preset(folder)
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(
             f"{os.path.join(folder, WEIGHTS)} does not fit {os.path.join(folder, CONFIG)} "

@@ -136,12 +136,12 @@ def test_a_preset_without_weights_or_with_another_models_names_the_file(tmp_path
     bert = tiny_bert_preset(tmp_path / "bert")
     os.remove(os.path.join(bert, "model.weights.h5"))
     with pytest.raises(FileNotFoundError, match=r"bert/model\.weights\.h5 is missing"):
-        presets.load_backbone(bert, "float32")
+        presets.load_backbone(bert)
     gpt2 = tiny_gpt2_preset(tmp_path / "gpt2")
     shutil.copy(os.path.join(gpt2, "model.weights.h5"), bert)  # another model's weights
     with pytest.raises(ValueError, match=r"bert/model\.weights\.h5 does not fit "
                                          r".*bert/config\.json"):
-        presets.load_backbone(bert, "float32")
+        presets.load_backbone(bert)
 
 
 def test_csv_number_labels_a_bom_and_sparse_or_broken_labels(tmp_path):

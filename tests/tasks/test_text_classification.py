@@ -109,8 +109,8 @@ def test_each_step_reads_the_examples_of_one_process_on_any_topology(tmp_path, t
 
 
 def test_two_replicas_train_as_one(tmp_path):
-    config = tiny_text_config(formats(tmp_path, "jsonl", texts(200)), **{
-        "model.dropout": 0.0, "trainer.train_steps": 6})
+    config = tiny_text_config(formats(tmp_path, "jsonl", texts(100)), **{
+        "model.dropout": 0.0, "trainer.train_steps": 4, "trainer.steps_per_loop": 2})
     one = support.build(config, tmp_path / "one")
     one.train(evaluate=False)
     two = support.build(config, tmp_path / "two", two_replicas())
@@ -142,19 +142,26 @@ def test_the_export_takes_raw_strings_and_gives_probabilities_and_label_names(tm
     if backbone == "bert":
         fields.update({"model.backbone": tiny_bert_preset(tmp_path / "bert"),
                        "model.pool": "first", "model.seq_len": 32})
-    if backbone == "gpt2":
+    if backbone == "gpt2":  # in float16 too: the preset was saved in float32
         fields.update({"model.backbone": tiny_gpt2_preset(tmp_path / "gpt2"),
-                       "model.pool": "last", "model.seq_len": 64})
+                       "model.pool": "last", "model.seq_len": 64,
+                       "precision": "mixed_float16", "loss_scale.initial_scale": 2.0**8})
     config = tiny_text_config(formats(tmp_path, "csv", texts(100)), **fields)
     raw = ["rain and snow today", b"caf\xe9 goal".decode("latin-1"), "", "bake " * 80,
            b"\xff\xfe sugar"]
     trainer, outputs, expected = served_against_the_model(config, tmp_path, raw)
+    if backbone == "gpt2":  # built in the run's policy, though saved in float32
+        block = trainer.model.backbone.get_layer("transformer_layer_0")
+        assert block.compute_dtype == "float16" and block.variable_dtype == "float32"
+        assert int(trainer.loss_scale.skipped_steps.numpy()) == 0
     if backbone == "transformer":  # bytes: the separator, then the text's bytes, cut
         ids, lengths = trainer.task.text_features.encode_all(raw, "served")
         for text, row, length in zip(raw, ids, lengths):
             data = text if isinstance(text, bytes) else text.encode()
             assert list(row[:length]) == [256, *data[:config.model.seq_len - 1]]
-    np.testing.assert_allclose(outputs["probabilities"], expected, rtol=1e-4, atol=1e-5)
+    # (served in float32; the float16 model's own outputs differ by its rounding)
+    tolerance = 5e-3 if backbone == "gpt2" else 1e-5
+    np.testing.assert_allclose(outputs["probabilities"], expected, rtol=1e-4, atol=tolerance)
     names = [n.decode() for n in outputs["label_names"][0].numpy()]
     assert names == ["cooking", "sports", "weather"]
     assert [n.decode() for n in outputs["label"].numpy()] == [
@@ -240,19 +247,3 @@ def test_a_resume_on_other_labels_is_refused_and_changes_nothing(tmp_path):
         export_mode.run(config, tf.distribute.get_strategy(), str(tmp_path / "run"), {})
     assert support.checkpoint_steps(tmp_path / "run/checkpoints") == [10]
     assert "sports" in open(tmp_path / "run/task.json").read()
-
-
-def test_a_preset_backbone_is_built_in_the_runs_policy_and_trains_in_float16(tmp_path):
-    """The preset was saved in float32; the run's mixed_float16 policy builds it (else it
-    would silently train in float32), and the loss scale keeps every step finite."""
-    config = tiny_text_config(formats(tmp_path, "jsonl", texts(100)), **{
-        "model.backbone": tiny_gpt2_preset(tmp_path / "gpt2"), "model.pool": "last",
-        "model.seq_len": 64, "precision": "mixed_float16", "trainer.train_steps": 5,
-        "loss_scale.initial_scale": 2.0**8})
-    trainer = support.build(config, tmp_path / "run")
-    attention = trainer.model.backbone.get_layer("transformer_layer_0")
-    assert attention.compute_dtype == "float16" and attention.variable_dtype == "float32"
-    trainer.train()
-    summary = json.load(open(tmp_path / "run/summary.json"))
-    assert summary["stopped"] is None and summary["skipped_steps"] == 0
-    assert np.isfinite(summary["eval"]["loss"])
