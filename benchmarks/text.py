@@ -20,7 +20,6 @@ Writes results.json and results.md to --out.
 """
 
 import glob
-import json
 import os
 import statistics
 import sys

@@ -104,6 +104,11 @@ def get_config():
         async_checkpoint="auto",
         max_nonfinite_steps=0,     # non-finite steps in a row that stop the run;
                                    # 0: 100 with float16 loss scaling, else 1
+        # A run stopped for divergence replays its steps from the last good checkpoint (or
+        # an in-memory copy of step 0), names the layer that went non-finite and the fix,
+        # in workdir/diagnosis.json and the last log line, within this many seconds
+        # (docs/precision.md#when-a-run-diverges).
+        diagnose=True, diagnose_max_seconds=600.0,
         # > 0: every this many steps, and before every save and evaluation, check that all
         # replicas (on every worker) hold the same variables; stop if not
         # (docs/multi_worker.md#workers-that-drift-apart)

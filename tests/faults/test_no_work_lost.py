@@ -95,7 +95,11 @@ def test_divergence_stops_with_a_clear_error_and_keeps_the_good_checkpoint(tmp_p
     assert "ckpt-10" in message
     assert checkpoint_steps(tmp_path / "checkpoints") == [10]  # no checkpoint of the diverged run
     stopped = json.load(open(tmp_path / "summary.json"))["stopped"]
-    assert stopped.startswith("FloatingPointError: Training diverged at step")
+    assert stopped.startswith("Diverged: Training diverged at step")
+    # The diagnosis replayed it: a layer's output overflowed float32 (lr 1e9).
+    diagnosis = json.load(open(tmp_path / "diagnosis.json"))
+    assert diagnosis["pass"] == "forward" and diagnosis["compute_dtype"] == "float32"
+    assert diagnosis["layer"] in message and diagnosis["layer"] in stopped
     restored = build(tiny_config(**{"trainer.train_steps": 10, **sgd}), tmp_path)
     restored.restore()
     for a, b in zip(before, restored.model.weights):

@@ -18,6 +18,7 @@ from trainer.actions.profile import Profile, check_profile_steps
 from trainer.actions.progress_bar import ProgressBar
 from trainer.actions.samples import Samples
 from trainer.actions.save_checkpoint import SaveCheckpoint
+from trainer.actions.start_state import StartState
 from trainer.loop.action import from_config
 from trainer.runtime.precision import layers_of
 
@@ -43,6 +44,7 @@ def train_actions(trainer, evaluate=True, extra=()):
              Profile(*profile, os.path.join(trainer.workdir, "train")) if profile else None]
     rest = [LogTrain(tc.log_every),
             SaveCheckpoint(tc.checkpoint_every),
+            StartState(tc.checkpoint_every) if tc.diagnose else None,
             Evaluate(tc.eval_every) if evaluate else None,
             best,
             Samples(),
@@ -84,5 +86,5 @@ def _check_early_stopping(tc, evaluate):
 
 
 __all__ = ["BestCheckpoint", "Evaluate", "Export", "JitChoice", "LogTrain", "NumericsLog",
-           "Profile", "ProgressBar", "Samples", "SaveCheckpoint", "best_checkpoint",
-           "train_actions"]
+           "Profile", "ProgressBar", "Samples", "SaveCheckpoint", "StartState",
+           "best_checkpoint", "train_actions"]

@@ -118,6 +118,16 @@ def run_summary(controller, stopped):
     }
 
 
+def restate_stopped(controller, stopped):
+    """Replaces `stopped` in the summary.json the run wrote as it ended (the diagnosis of
+    a divergence comes after)."""
+    path = os.path.join(controller.trainer.workdir, "summary.json")
+    if controller.is_chief and tf.io.gfile.exists(path):
+        with tf.io.gfile.GFile(path) as f:
+            summary = json.load(f)
+        controller.files.write_json(path, dict(summary, stopped=stopped))
+
+
 def versions():
     return {"python": platform.python_version(), "tensorflow": tf.__version__,
             "keras": keras.__version__, "tftrainer": _version("tftrainer")}

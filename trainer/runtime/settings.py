@@ -69,6 +69,8 @@ def check_trainer_config(tc):
                    " (0: 100 with float16 loss scaling, else 1)."
                    if name == "max_nonfinite_steps" else "."))
     check_number(tc.max_seconds, "trainer.max_seconds", "0: no time budget")
+    check_number(tc.diagnose_max_seconds, "trainer.diagnose_max_seconds",
+                 "the longest the replay of a diverged run may take", positive=True)
     if tc.best_mode not in ("max", "min"):
         raise ValueError(f"trainer.best_mode={tc.best_mode!r} must be 'max' or 'min'.")
     if tc.early_stop_patience and not tc.best_metric:

@@ -33,17 +33,7 @@ class TrainStep:
         with tf.GradientTape() as tape:
             with capture as layer_outputs:
                 outputs = as_float32(self.model(features, training=True))
-            per_example_loss = self.task.compute_loss(labels, outputs)
-            if per_example_loss.shape.rank > 1:  # per-token losses: average each example's
-                per_example_loss = tf.reduce_mean(
-                    per_example_loss, axis=list(range(1, per_example_loss.shape.rank)))
-            # Average over the examples of the whole optimizer step (every replica, every
-            # micro-batch): the sums of the accumulation and of the all-reduce make the mean.
-            loss = tf.nn.compute_average_loss(
-                per_example_loss, global_batch_size=self.examples_per_step)
-            if self.model.losses:  # counted once per optimizer step
-                loss += tf.nn.scale_regularization_loss(tf.add_n(
-                    [tf.cast(l, tf.float32) for l in self.model.losses])) / self.accumulation_steps
+            loss = self.step_loss(labels, outputs)
             scaled_loss = self.loss_scale.get_scaled_loss(loss)
         grads = tape.gradient(scaled_loss, self.trained_variables)
         self.variables.note_gradients(grads)
@@ -56,6 +46,21 @@ class TrainStep:
         activations = (self.telemetry.activations.statistics(layer_outputs, record_activations)
                        if self.telemetry else tf.zeros([0, 3]))
         return outputs, loss, grads, activations
+
+    def step_loss(self, labels, outputs):
+        """This replica's share of the optimizer step's loss from one micro-batch."""
+        per_example_loss = self.task.compute_loss(labels, outputs)
+        if per_example_loss.shape.rank > 1:  # per-token losses: average each example's
+            per_example_loss = tf.reduce_mean(
+                per_example_loss, axis=list(range(1, per_example_loss.shape.rank)))
+        # Average over the examples of the whole optimizer step (every replica, every
+        # micro-batch): the sums of the accumulation and of the all-reduce make the mean.
+        loss = tf.nn.compute_average_loss(
+            per_example_loss, global_batch_size=self.examples_per_step)
+        if self.model.losses:  # counted once per optimizer step
+            loss += tf.nn.scale_regularization_loss(tf.add_n(
+                [tf.cast(l, tf.float32) for l in self.model.losses])) / self.accumulation_steps
+        return loss
 
     def _micro_batch(self, features, labels, micro_step, record):
         """One micro-batch on this replica: its loss share, local scaled gradients and
