@@ -109,6 +109,10 @@ def get_config():
         # in workdir/diagnosis.json and the last log line, within this many seconds
         # (docs/precision.md#when-a-run-diverges).
         diagnose=True, diagnose_max_seconds=600.0,
+        # "eager": the steps run eagerly on one replica (pdb, print, Python exceptions in
+        # a Task or a model; slow); "dump": TensorFlow Debugger V2 data of the steps
+        # debug_steps=(first, last) in workdir/debug/ (docs/precision.md#debug-modes).
+        debug="", debug_steps=(1, 3),
         # > 0: every this many steps, and before every save and evaluation, check that all
         # replicas (on every worker) hold the same variables; stop if not
         # (docs/multi_worker.md#workers-that-drift-apart)

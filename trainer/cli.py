@@ -19,6 +19,7 @@ from trainer.assemble import run
 from trainer.loop.signals import DiskFull, Preempted
 from trainer.modes import MODES, help_text
 from trainer.runtime import startup
+from trainer.runtime.debug import one_replica
 from trainer.runtime.distribute import build_strategy, is_chief
 from trainer.state.workdir import check_readable_workdir, check_workdir
 from trainer.state.workdir_lock import (EVAL_LOCK_NAME, LOCK_NAME, WorkdirLock, is_local,
@@ -98,6 +99,8 @@ def execute(config, workdir, name):
     mode = MODES[name]
     if mode.reads_run(config) if callable(mode.reads_run) else mode.reads_run:
         check_readable_workdir(workdir, name)
+    if config.trainer.debug == "eager":
+        one_replica(config.distribution)
     strategy = build_strategy(config.distribution)  # first: multi-worker needs a fresh runtime
     startup.mark("strategy")
     keras.utils.set_random_seed(config.seed)

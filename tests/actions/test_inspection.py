@@ -1,12 +1,7 @@
 """What a user inspects: TensorBoard through the real server, HParams, the profiler."""
 
 import io
-import json
-import os
-import socket
-import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 
@@ -17,6 +12,7 @@ from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from trainer.task import get_task
 from support import build, scalars, tiny_config
+from support.tensorboard import get, serving
 
 pytestmark = pytest.mark.xdist_group("inspection")  # one test process makes the run
 
@@ -33,39 +29,11 @@ def run(tmp_path_factory):
     return workdir, last_eval
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(port, route, body=None):
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}{route}", data=body and json.dumps(body).encode(),
-        headers={"X-XSRF-Protected": "1", "Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
-
-
 @pytest.mark.e2e
 def test_tensorboard_serves_what_the_trainer_logged(run):
     workdir, last_eval = run
-    port = free_port()
-    server = subprocess.Popen(
-        [os.path.join(os.path.dirname(sys.executable), "tensorboard"),
-         f"--logdir={workdir.parent}", "--host=127.0.0.1", f"--port={port}",
-         "--load_fast=false", "--reload_interval=1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline, runs = time.monotonic() + 90, []
-        while not {"run1/train", "run1/eval"} <= set(runs):
-            assert server.poll() is None, server.stderr.read()[-3000:]
-            assert time.monotonic() < deadline, f"TensorBoard did not load the runs: {runs}"
-            time.sleep(1)
-            try:
-                runs = get(port, "/data/runs")
-            except OSError:
-                continue  # not listening yet
+    with serving(workdir.parent, "/data/runs",
+                 lambda runs: {"run1/train", "run1/eval"} <= set(runs)) as port:
         tags = get(port, "/data/plugin/scalars/tags")
         assert {"loss", "accuracy", "learning_rate", "examples_per_sec"} <= set(
             tags["run1/train"])
@@ -87,9 +55,6 @@ def test_tensorboard_serves_what_the_trainer_logged(run):
         metrics = {(m["name"].get("group"), m["name"]["tag"])
                    for m in experiment["metricInfos"]}
         assert ("eval", "accuracy") in metrics
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_the_first_training_batch_is_shown_as_one_grid(run):

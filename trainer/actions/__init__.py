@@ -9,6 +9,7 @@ import sys
 
 from trainer.actions.best_checkpoint import BestCheckpoint
 from trainer.actions.consistency_check import consistency_check
+from trainer.actions.debug_dump import DebugDump
 from trainer.actions.evaluate import Evaluate
 from trainer.actions.export import Export, check_export
 from trainer.actions.jit_choice import JitChoice
@@ -27,12 +28,13 @@ def train_actions(trainer, evaluate=True, extra=()):
     """A training run's actions, in the order they run at a step:
 
     JitChoice (`jit_compile=auto`: settles XLA before the first step's trace), Profile
-    (`profile_steps`), ConsistencyCheck (`consistency_every`, and before every action
-    that saves or evaluates), LogTrain (`log_every`), SaveCheckpoint
-    (`checkpoint_every`, and whenever the run stops early), Evaluate (`eval_every`, if
-    `evaluate`), BestCheckpoint (`best_metric`, with early stopping), Samples (input
-    grid, text samples), NumericsLog (`numerics.every`), ProgressBar (stdout a
-    terminal), Export (`export.enabled`, at the end); then the actions of
+    (`profile_steps`), DebugDump (`debug=dump`), ConsistencyCheck (`consistency_every`,
+    and before every action that saves or evaluates), LogTrain (`log_every`),
+    SaveCheckpoint (`checkpoint_every`, and whenever the run stops early), StartState
+    (`diagnose`: the step-0 state in memory until a checkpoint), Evaluate
+    (`eval_every`, if `evaluate`), BestCheckpoint (`best_metric`, with early stopping),
+    Samples (input grid, text samples), NumericsLog (`numerics.every`), ProgressBar
+    (stdout a terminal), Export (`export.enabled`, at the end); then the actions of
     `config.actions`, then `extra`."""
     config, tc = trainer.config, trainer.config.trainer
     _check_early_stopping(tc, evaluate)
@@ -41,7 +43,8 @@ def train_actions(trainer, evaluate=True, extra=()):
     if config.export.enabled:
         check_export(config, trainer.task)  # now, not after training
     first = [JitChoice() if trainer.jit_compile == "auto" else None,
-             Profile(*profile, os.path.join(trainer.workdir, "train")) if profile else None]
+             Profile(*profile, os.path.join(trainer.workdir, "train")) if profile else None,
+             DebugDump(*tc.debug_steps, trainer.workdir) if tc.debug == "dump" else None]
     rest = [LogTrain(tc.log_every),
             SaveCheckpoint(tc.checkpoint_every),
             StartState(tc.checkpoint_every) if tc.diagnose else None,
@@ -85,6 +88,6 @@ def _check_early_stopping(tc, evaluate):
             "--config.trainer.eval_every.")
 
 
-__all__ = ["BestCheckpoint", "Evaluate", "Export", "JitChoice", "LogTrain", "NumericsLog",
+__all__ = ["BestCheckpoint", "DebugDump", "Evaluate", "Export", "JitChoice", "LogTrain", "NumericsLog",
            "Profile", "ProgressBar", "Samples", "SaveCheckpoint", "StartState",
            "best_checkpoint", "train_actions"]

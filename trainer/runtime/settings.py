@@ -4,6 +4,8 @@ checked once, with errors that name the fix."""
 import tensorflow as tf
 from absl import logging
 
+from trainer.runtime.debug import check_debug
+
 _ON_OFF_AUTO = {"on": True, "true": True, "off": False, "false": False, "auto": "auto"}
 
 
@@ -26,6 +28,8 @@ def jit_setting(trainer_config, strategy, synchronizing=()):
     setting = on_off_auto(trainer_config, "jit_compile")
     if isinstance(strategy, tf.distribute.TPUStrategy):
         return True  # a TPU runs compiled programs only
+    if trainer_config.debug:  # eager runs no XLA; a dump sees the ops XLA would fuse away
+        return False
     if synchronizing and setting is True:
         raise ValueError(
             f"trainer.jit_compile=on, but {', '.join(synchronizing[:3])} all-reduce(s) "
@@ -69,6 +73,7 @@ def check_trainer_config(tc):
                    " (0: 100 with float16 loss scaling, else 1)."
                    if name == "max_nonfinite_steps" else "."))
     check_number(tc.max_seconds, "trainer.max_seconds", "0: no time budget")
+    check_debug(tc)
     check_number(tc.diagnose_max_seconds, "trainer.diagnose_max_seconds",
                  "the longest the replay of a diverged run may take", positive=True)
     if tc.best_mode not in ("max", "min"):

@@ -179,8 +179,12 @@ class Utilization:
 
     @property
     def flops_per_step(self):
-        """Model FLOPs of one optimizer step; None before the step was traced."""
-        return None if self.trainer.example_spec is None else self.counted[0]
+        """Model FLOPs of one optimizer step; None before the step was traced, or under
+        trainer.debug=eager (the count traces the model, whose Python may need eager
+        tensors there, and an eager run's MFU means nothing)."""
+        if self.trainer.example_spec is None or self.trainer.config.trainer.debug == "eager":
+            return None
+        return self.counted[0]
 
     def mfu(self, steps_per_sec):
         """Model FLOPs utilization at `steps_per_sec`; None without a known peak or

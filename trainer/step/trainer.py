@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer.runtime import startup
+from trainer.runtime import debug, startup
 from trainer.runtime.distribute import is_chief
 from trainer.runtime.keras_internals import apply_gradients_as_given
 from trainer.runtime.precision import (advise_shapes, check_float32_layers, layers_of, policy_name,
@@ -87,6 +87,7 @@ class Trainer(TrainStep):
                 f"multiple of the {replicas} replicas; set --config.data.global_batch_size "
                 f"to a multiple of {replicas}.")
         check_trainer_config(config.trainer)
+        debug.start(config.trainer, strategy)  # trainer.debug=eager: the steps run eagerly
         # An optimizer step reads `accumulation_steps` micro-batches of global_batch_size.
         self.accumulation_steps = check_accumulation_steps(
             config.trainer.accumulation_steps)
