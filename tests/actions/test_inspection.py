@@ -12,7 +12,7 @@ from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from trainer.task import get_task
 from support import build, scalars, tiny_config
-from support.tensorboard import get, serving
+from support.tensorboard_server import get, serving
 
 pytestmark = pytest.mark.xdist_group("inspection")  # one test process makes the run
 

@@ -56,7 +56,7 @@ def test_local_workers_run_a_cluster_and_the_check_names_a_worker_that_drifts(tm
                    "gRPC server listens on port" in line for line in lines)
     for i in range(2):
         assert any(line.startswith(f"[worker {i}] ") and "Cluster from tf_config: 2 "
-                   f"worker(s) (localhost:" in line and f"this process is worker {i}; 1 "
+                   "worker(s) (localhost:" in line and f"this process is worker {i}; 1 "
                    "replica(s) per worker" in line for line in lines), run.stderr[-3000:]
         assert any(line.startswith(f"[worker {i}] ") and "Replicas disagree at step 10: 1 of "
                    in line for line in lines), run.stderr[-3000:]

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e  # every test starts worker processes
 WORKER = os.path.join(ROOT, "tests", "support", "multi_worker_main.py")  # one worker's script
 
 
-def start_workers(workdir, out_dir, steps, *extra):
+def start_workers(workdir, out_dir, steps=None, *extra, script=WORKER, out="npz"):
     cluster = {"worker": [f"localhost:{p}" for p in free_ports(2)]}
     procs = []
     for i in range(2):
@@ -28,8 +28,9 @@ def start_workers(workdir, out_dir, steps, *extra):
                                                                       "index": i}}))
         log = open(os.path.join(out_dir, f"worker{i}.log"), "w")
         procs.append(subprocess.Popen(
-            [sys.executable, WORKER, str(workdir),
-             os.path.join(out_dir, f"worker{i}.npz"), str(steps), *extra],
+            [sys.executable, script, str(workdir),
+             os.path.join(out_dir, f"worker{i}.{out}"),
+             *[str(a) for a in (steps, *extra) if a is not None]],
             env=env, stdout=log, stderr=subprocess.STDOUT))
     return procs
 
@@ -190,3 +191,17 @@ def test_sigterm_to_a_non_chief_worker_stops_every_worker_the_same_way(tmp_path)
     assert len(saved) == 1
     for text in texts:  # the whole number: "at step 10" would also match "at step 100"
         assert re.search(rf"Stopped by .* at step {saved[0]};", text), text[-2000:]
+
+
+def test_a_divergence_is_diagnosed_on_every_worker_and_reported_by_the_chief(tmp_path):
+    """The made-to-fail float16 Dense (tests/support/made_to_fail.py) on two workers: both
+    replay the steps (they hold collectives), and both end with the chief's diagnosis."""
+    script = os.path.join(ROOT, "tests", "support", "multi_worker_diverge_main.py")
+    workdir = tmp_path / "wd"
+    codes = finish(start_workers(workdir, tmp_path, script=script, out="txt"), timeout=240)
+    logs = [open(tmp_path / f"worker{i}.log").read() for i in range(2)]
+    assert codes == [0, 0], logs[0][-2000:] + logs[1][-2000:]
+    diagnosis = json.load(open(workdir / "diagnosis.json"))
+    assert (diagnosis["layer"], diagnosis["pass"]) == ("made_to_fail/overflow", "forward")
+    for i in range(2):
+        assert "'made_to_fail/overflow'" in open(tmp_path / f"worker{i}.txt").read()

@@ -5,15 +5,20 @@ models made to fail in a known place (tests/support/made_to_fail.py)."""
 import hashlib
 import json
 import os
+import shlex
+import sys
 
 import keras
 import pytest
 import tensorflow as tf
+from absl import flags
+from ml_collections import config_flags
 
-from support import checkpoint_steps, two_replicas
+from support import ROOT, checkpoint_steps, two_replicas
 from support.made_to_fail import FAILING_STEP, MadeToFail, made_to_fail_config
 from trainer import Trainer
 from trainer.loop.action import Action
+from trainer.loop.diagnosis_report import resume_command
 from trainer.runtime.precision import set_policy
 
 EXPECTED = {  # case: (layer, pass, compute dtype, op check_numerics names)
@@ -151,3 +156,21 @@ def test_a_replay_that_stays_finite_says_so_and_retries_deterministic(tmp_path, 
 def test_diagnose_false_keeps_the_generic_remedies(tmp_path):
     error, diagnosis, _ = run("overflow_dense", tmp_path, **{"trainer.diagnose": False})
     assert diagnosis is None and "Try a lower" in str(error)
+
+
+def test_the_resume_command_is_the_launch_with_the_fix_and_parses_back(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", [
+        "launch.py", "--config=configs/cifar.py", "--workdir=runs/x",
+        '--config.precision_overrides.float32_layers=["old"]', "--config.seed=3"])
+    fix = '--config.precision_overrides.float32_layers=["old", "made_to_fail/overflow"]'
+    command = shlex.split(resume_command([fix]))
+    assert command[:2] == ["python", "launch.py"] and command.count(
+        command[-1]) == 1 and command[-1] == fix  # the old value replaced, not repeated
+    parsed = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=parsed)
+    flags.DEFINE_string("workdir", None, "", flag_values=parsed)
+    parsed(command[1:])
+    assert tuple(parsed.config.precision_overrides.float32_layers) == (
+        "old", "made_to_fail/overflow")
+    assert parsed.config.seed == 3 and parsed.workdir == "runs/x"

@@ -12,7 +12,7 @@ import tensorflow as tf
 from support import build, scalars, tiny_config, two_replicas
 from support.array_task import ArrayTask
 from support.made_to_fail import FAILING_STEP, MadeToFail, made_to_fail_config
-from support.tensorboard import get, serving
+from support.tensorboard_server import get, serving
 from trainer import Trainer
 from trainer.runtime.debug import one_replica
 from trainer.runtime.precision import set_policy
