@@ -26,6 +26,7 @@ EXPECTED = {  # case: (layer, pass, compute dtype, op check_numerics names)
     "log_of_zero": ("made_to_fail/safe_log", "backward", "float32", "Log"),
     "large_logits": ("attention", "forward", "float16", "Einsum"),
 }
+FLOAT32_STEPS_STOP = {"log_of_zero", "nan_input"}  # one non-finite step stops them
 
 
 class CheckpointFiles(Action):
@@ -51,7 +52,7 @@ def checkpoint_files(workdir):
 def run(case, workdir, strategy=None, **overrides):
     """Trains the made-to-fail `case`; returns (the error, diagnosis.json or None, the
     checkpoint files as the loop left them)."""
-    if case == "log_of_zero":  # float32: the one non-finite step stops the run
+    if case in FLOAT32_STEPS_STOP:  # the steps after the failing one are finite
         overrides.setdefault("trainer.max_nonfinite_steps", 1)
     config = made_to_fail_config(case, **overrides)
     strategy = strategy or tf.distribute.get_strategy()
@@ -93,6 +94,31 @@ def test_the_report_names_the_layer_that_was_made_to_fail(case, tmp_path):
     else:  # no precision fixes a NaN of the math: the op and the line are named
         assert diagnosis["fix_flags"] == []
         assert "made_to_fail.py line" in diagnosis["op"]["created_at"]
+
+
+@pytest.mark.parametrize("case, overrides, layer, where, fix_flags", [
+    # the layer inside a nested Functional backbone, not the backbone
+    ("nested_overflow", {}, "made_to_fail/overflow", "forward",
+     ['--config.precision_overrides.float32_layers=["made_to_fail/overflow"]']),
+    # micro-batches inspected one at a time: the same layer
+    ("overflow_dense", {"trainer.accumulation_steps": 2, "data.global_batch_size": 2},
+     "made_to_fail/overflow", "forward",
+     ['--config.precision_overrides.float32_layers=["made_to_fail/overflow"]']),
+    # a NaN of the math, under float16: float32 does not fix it, and it says so
+    ("log_of_zero", {"precision": "mixed_float16"}, "made_to_fail/safe_log", "backward", []),
+    # bad data is the data's fault, not a layer's
+    ("nan_input", {}, None, "input", []),
+])
+def test_the_report_on_other_shapes_of_failure(case, overrides, layer, where, fix_flags,
+                                               tmp_path):
+    _, diagnosis, _ = run(case, tmp_path, **overrides)
+    assert (diagnosis["layer"], diagnosis["pass"], diagnosis["fix_flags"]) == (
+        layer, where, fix_flags), diagnosis["why"]
+    if case == "log_of_zero":
+        assert "in float32 it is not finite either" in diagnosis["fix"]
+    if case == "nan_input":
+        assert f"step {FAILING_STEP}: its batch holds inf or NaN (16 entries in the " \
+               "features" in diagnosis["why"]
 
 
 def test_the_fix_it_gives_resumes_past_the_step(tmp_path):

@@ -42,7 +42,8 @@ def test_eager_and_dump_runs_give_the_compiled_losses(tmp_path, eager_off_after)
     assert [s for s, _ in compiled] == [1, 2, 3, 4]
     for other in (eager, dumped):  # up to float reduction order
         np.testing.assert_allclose([v for _, v in other], [v for _, v in compiled], rtol=1e-5)
-    assert os.listdir(tmp_path / "dump" / "debug")
+    (dump,) = os.listdir(tmp_path / "dump" / "debug")
+    assert os.listdir(tmp_path / "dump" / "debug" / dump)
 
 
 class Peek(keras.layers.Layer):
@@ -113,7 +114,9 @@ def test_tensorboards_debugger_v2_serves_the_dump_of_a_nan(tmp_path):
     query = urllib.parse.urlencode({"run": "__default_debugger_run__", "begin": 0, "end": -1})
     alerts_route = f"/data/plugin/debugger-v2/alerts?{query}"
     # (the plugin reads the dump in the background: its alerts come once it has)
-    with serving(tmp_path / "debug", alerts_route, lambda a: a["num_alerts"] > 0) as port:
+    (dump,) = (tmp_path / "debug").iterdir()  # one launch, one worker: one run
+    assert dump.name.endswith("-worker0")
+    with serving(dump, alerts_route, lambda a: a["num_alerts"] > 0) as port:
         alerts = get(port, alerts_route)["alerts"]
         ops = {(a["op_type"], a["alert_type"]) for a in alerts}
         assert ("Log", "InfNanAlert") in ops, alerts  # the log of 0, at the step dumped

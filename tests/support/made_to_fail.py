@@ -33,6 +33,17 @@ def overflow_dense():
         name="made_to_fail")
 
 
+def nested_overflow():
+    """overflow_dense's layers inside a Functional backbone inside the model: Keras gives
+    the inner layers no path prefix of the backbone's."""
+    inner = overflow_dense()
+    backbone = keras.Model(inner.inputs, inner.layers[1].output, name="backbone")
+    inputs = keras.Input((4,))
+    outputs = keras.layers.Dense(1, dtype="float32", name="head",
+                                 kernel_initializer="zeros")(backbone(inputs))
+    return keras.Model(inputs, outputs, name="made_to_fail")
+
+
 def log_of_zero():
     """`hidden` has no bias, so at the step whose inputs are 0 its output is exactly 0."""
     return keras.Sequential([
@@ -63,6 +74,11 @@ CASES = {
     "log_of_zero": (log_of_zero, "float32",
                     lambda step, shape: tf.fill(shape, tf.cast(step != FAILING_STEP,
                                                                tf.float32))),
+    "nested_overflow": (nested_overflow, "mixed_float16",
+                        lambda step, shape: tf.fill(shape, 600.0 * tf.cast(step, tf.float32))),
+    "nan_input": (log_of_zero, "float32",  # the batch of the failing step holds a NaN
+                  lambda step, shape: tf.fill(shape, tf.where(
+                      step == FAILING_STEP, float("nan"), 1.0))),
     "large_logits": (large_logits, "mixed_float16",
                      lambda step, shape: tf.fill(shape, 1.8 * tf.cast(step, tf.float32))),
 }

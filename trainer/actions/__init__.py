@@ -21,6 +21,7 @@ from trainer.actions.samples import Samples
 from trainer.actions.save_checkpoint import SaveCheckpoint
 from trainer.actions.start_state import StartState
 from trainer.loop.action import from_config
+from trainer.runtime.distribute import worker_index
 from trainer.runtime.precision import layers_of
 
 
@@ -44,7 +45,8 @@ def train_actions(trainer, evaluate=True, extra=()):
         check_export(config, trainer.task)  # now, not after training
     first = [JitChoice() if trainer.jit_compile == "auto" else None,
              Profile(*profile, os.path.join(trainer.workdir, "train")) if profile else None,
-             DebugDump(*tc.debug_steps, trainer.workdir) if tc.debug == "dump" else None]
+             DebugDump(*tc.debug_steps, trainer.workdir, worker_index(trainer.strategy))
+             if tc.debug == "dump" else None]
     rest = [LogTrain(tc.log_every),
             SaveCheckpoint(tc.checkpoint_every),
             StartState(tc.checkpoint_every) if tc.diagnose else None,
@@ -88,6 +90,6 @@ def _check_early_stopping(tc, evaluate):
             "--config.trainer.eval_every.")
 
 
-__all__ = ["BestCheckpoint", "DebugDump", "Evaluate", "Export", "JitChoice", "LogTrain", "NumericsLog",
-           "Profile", "ProgressBar", "Samples", "SaveCheckpoint", "StartState",
+__all__ = ["BestCheckpoint", "DebugDump", "Evaluate", "Export", "JitChoice", "LogTrain",
+           "NumericsLog", "Profile", "ProgressBar", "Samples", "SaveCheckpoint", "StartState",
            "best_checkpoint", "train_actions"]

@@ -1,12 +1,14 @@
 """DebugDump (`trainer.debug=dump`): TensorFlow Debugger V2 data of the train steps
-`trainer.debug_steps` = (first, last), in workdir/debug/, for TensorBoard's Debugger V2
-tab (docs/precision.md#debug-modes).
+`trainer.debug_steps` = (first, last), in workdir/debug/<launch time>-worker<i>/, for
+TensorBoard's Debugger V2 tab (docs/precision.md#debug-modes).
 
 The dump instruments the graphs traced while it is on, so the train loop is traced
-again when it starts and when it ends; compiled chunks end at both steps.
+again when it starts and when it ends; compiled chunks end at both steps. One directory
+per launch and worker: Debugger V2 reads one run per directory.
 """
 
 import os
+import time
 
 import tensorflow as tf
 from absl import logging
@@ -19,15 +21,20 @@ class DebugDump(Action):
 
     at_end = False
 
-    def __init__(self, first, last, workdir):
+    def __init__(self, first, last, workdir, worker=0):
         self.first, self.last = first, last
-        self.directory = os.path.join(workdir, DUMP_DIR)
+        self.directory = os.path.join(workdir, DUMP_DIR,
+                                      f"{time.strftime('%Y%m%d-%H%M%S')}-worker{worker}")
         self.dumping = False
 
     def boundaries(self):
         return (self.first - 1, self.last)
 
     def begin(self, controller):
+        if controller.step >= self.last:
+            logging.warning("trainer.debug=dump: this run starts at step %d, after "
+                            "trainer.debug_steps=(%d, %d): nothing is dumped.",
+                            controller.step, self.first, self.last)
         self._switch(controller)
 
     def should_run(self, controller, step, logs):

@@ -27,7 +27,11 @@ class StartState(Action):
                 f"ram://tftrainer/{os.getpid()}-{id(self)}/start")
 
     def __call__(self, controller, step, logs):
-        if self.path and controller.trainer.checkpoints.saved_step is not None:
+        # A checkpoint saved amid non-finite steps (fewer than max_nonfinite_steps) is no
+        # good state to replay from: the copy stays until a finite step's checkpoint.
+        trainer = controller.trainer
+        if self.path and trainer.checkpoints.saved_step == step and \
+                int(trainer.nonfinite_streak.numpy()) == 0:
             self.release()
 
     def release(self):

@@ -8,7 +8,7 @@ import sys
 
 import tensorflow as tf
 
-from trainer.step.inspection import COLUMNS
+from trainer.step.inspection import COLUMNS, inside
 
 FLOAT32_LAYERS = "--config.precision_overrides.float32_layers"
 _COL = {name: i for i, name in enumerate(COLUMNS)}
@@ -30,98 +30,117 @@ def report(trainer, diverged, found):
 
 
 def _nonfinite(trainer, diverged, found):
-    rows = dict(zip(found["paths"], found["stats"]))
-    order = found["paths"]
-    layers = found["layers"]
-    forward = _deepest([p for p in order if rows[p][_COL["nonfinite_outputs"]]
-                        and not rows[p][_COL["nonfinite_inputs"]]])
-    backward = _deepest([p for p in order if not rows[p][_COL["nonfinite_output_grads"]]
-                         and (rows[p][_COL["nonfinite_input_grads"]]
-                              or rows[p][_COL["nonfinite_weight_grads"]])])
     step, op = found["step"], found.get("op")
-    if forward:
-        where, path = "forward", forward[0]  # the first whose output went non-finite
-        column = "largest_output"
-    elif not found["loss_finite"]:
+    rows = dict(zip(found["paths"], found["stats"]))
+    batch = found["batch"]
+    if batch["nonfinite_features"] or batch["nonfinite_labels"]:
         return _finish(trainer, found, {
-            "pass": "loss", "layer": None, "op": op,
-            "why": f"step {step}: the model's outputs are finite but the loss "
-                   "(Task.compute_loss) is not: a log of a zero probability, a division "
-                   "by a zero count?",
-            "fix": "compute the loss from logits (from_logits=True) or guard the "
-                   "operation the op names"}, flags=[])
-    elif backward:
-        where, path = "backward", backward[-1]  # the first the backward pass reaches
-        column = "largest_input_grad"
-    else:
-        return _finish(trainer, found, {
-            "pass": None, "layer": None, "op": op,
-            "why": f"step {step} was non-finite again, but no layer's output or gradient "
-                   "was: the all-reduce or the optimizer's update?",
-            "fix": "a lower --config.optimizer.learning_rate or --config.optimizer.clip_norm"
-                   "=1.0"}, flags=[])
-    layer = layers[path]
+            "pass": "input", "layer": None, "op": op,
+            "why": f"step {step}: its batch holds inf or NaN ({batch['nonfinite_features']:.0f} "
+                   f"entries in the features, {batch['nonfinite_labels']:.0f} in the labels)",
+            "fix": "find the bad examples of that step's batch (the order is a function of "
+                   "the step) and clean or skip them in the Task's input"}, [])
+    where, path = origin(rows, found["parents"])
+    if where is None:
+        loss = batch["nonfinite_loss"] and not any(r[_COL["nonfinite_outputs"]]
+                                                   for r in rows.values())
+        why = (f"step {step}: the model's outputs are finite but the loss (Task.compute_loss) "
+               "is not" if loss else
+               f"step {step} is non-finite again, but no layer's output or gradient was")
+        fix = ("guard the op named (a log of a zero probability: compute the loss from "
+               "logits)" if loss else "a lower learning rate and gradient clipping")
+        flags = [] if loss else _lower_rate(trainer)
+        if found["jit_compile"] and not loss:  # the inspection runs without XLA
+            why += " when run without XLA, as the inspection is: XLA's fused ops overflow"
+            fix, flags = "train without XLA", ["--config.trainer.jit_compile=off"]
+        return _finish(trainer, found, {"pass": "loss" if loss else None, "layer": None,
+                                        "op": op, "why": why, "fix": fix}, flags)
+    layer = found["layers"][path]
     dtype = layer.compute_dtype
     dtype_max = float(tf.as_dtype(dtype).max)
-    before = dict(zip(order, found["largest_before"])) if len(found["largest_before"]) \
-        else {}
+    row = rows[path]
+    column = "largest_output" if where == "forward" else "largest_input_grad"
+    before = dict(zip(found["paths"], found["largest_before"]))
     largest_before = float(before[path][_COL[column]]) if path in before else None
     steps_before = step - found["replayed_from"] - 1
-    bad_grads = rows[path][_COL["nonfinite_input_grads"]] + rows[path][
-        _COL["nonfinite_weight_grads"]]
+    own_call = [c for c, parent in found["parents"].items() if parent == path]
+    subject = (f"'{path}' ({type(layer).__name__}, computing in {dtype}; in its own code, "
+               "not in a sublayer)" if own_call else
+               f"'{path}' ({type(layer).__name__}, computing in {dtype})")
     if where == "forward":
-        why = (f"step {step}: the output of '{path}' ({type(layer).__name__}, computing in "
-               f"{dtype}) became non-finite in the forward pass "
-               f"({rows[path][_COL['nonfinite_outputs']]:.0f} entries inf or NaN) from "
-               "finite inputs")
+        why = (f"step {step}: in the forward pass, {subject} turned finite inputs into "
+               f"non-finite outputs ({row[_COL['nonfinite_outputs']]:.0f} entries, "
+               f"{row[_COL['inf_outputs']]:.0f} of them inf)")
+        infs = row[_COL["inf_outputs"]]
     else:
-        why = (f"step {step}: in the backward pass, the gradient of '{path}' "
-               f"({type(layer).__name__}, computing in {dtype}) became non-finite "
-               f"({bad_grads:.0f} entries of its inputs' and weights' gradients) while the "
-               "gradient of its output was finite")
+        why = (f"step {step}: in the backward pass, {subject} turned the finite gradient "
+               "of its output into non-finite gradients ("
+               f"{row[_COL['nonfinite_input_grads']] + row[_COL['nonfinite_weight_grads']]:.0f}"
+               f" entries of its inputs' and weights' gradients, "
+               f"{row[_COL['inf_input_grads']]:.0f} inf)")
+        infs = row[_COL["inf_input_grads"]]
     why += (f"; its largest finite {'output' if where == 'forward' else 'gradient'} "
             f"magnitude on the {steps_before} steps replayed before was "
             f"{largest_before:.4g}, against {dtype}'s largest, {dtype_max:.6g}"
             if largest_before is not None else
             f"; no finite step was replayed before it ({dtype}'s largest is {dtype_max:.6g})")
-    unscaled = found.get("unscaled")
     finite_unscaled = None
-    if where == "backward" and unscaled is not None:
-        u = dict(zip(order, unscaled))[path]
+    if where == "backward" and found.get("unscaled") is not None:
+        u = dict(zip(found["paths"], found["unscaled"]))[path]
         finite_unscaled = not (u[_COL["nonfinite_input_grads"]]
                                or u[_COL["nonfinite_weight_grads"]])
         why += (f"; with the loss scale at 1 instead of {found['loss_scale']:g} it is "
                 + ("finite: the scaled gradient overflowed" if finite_unscaled
                    else "non-finite too"))
-    overflow = dtype in ("float16", "bfloat16") and (
-        where == "forward" or finite_unscaled is False)
-    pattern = _pathed(path, layers)
-    if overflow:
-        patterns = list(trainer.config.precision_overrides.float32_layers) + [pattern]
-        fix = f"keep '{pattern}' in float32"
-        flags = [f"{FLOAT32_LAYERS}={json.dumps(patterns)}"]
-    elif where == "forward":
-        fix = ("the values grow beyond float32: a lower learning rate and gradient "
-               "clipping, or inputs normalized")
-        flags = [f"--config.optimizer.learning_rate="
-                 f"{float(trainer.config.optimizer.learning_rate) / 10:g}",
-                 "--config.optimizer.clip_norm=1.0"]
-    elif finite_unscaled:
-        fix = ("the dynamic loss scale did not come down in time: a larger "
-               "--config.trainer.max_nonfinite_steps, or mixed_bfloat16")
-        flags = [f"--config.trainer.max_nonfinite_steps={2 * trainer.max_nonfinite_steps}"]
-    else:
-        fix = (f"the derivative of an op in '{path}' is infinite or undefined at the values "
-               "it got (a log, sqrt, division or pow at 0; under tf.where both branches are "
-               "differentiated, so the untaken one needs a safe input too): change the "
-               "code, then resume")
-        flags = []
+    fix, flags = _fix(trainer, where, path, found, dtype, infs, finite_unscaled, own_call)
     return _finish(trainer, found, {
         "pass": where, "layer": path, "layer_class": type(layer).__name__,
         "compute_dtype": dtype, "dtype_max": dtype_max, "largest_before": largest_before,
         "steps_replayed_before": steps_before, "finite_at_loss_scale_1": finite_unscaled,
-        "op": op,
-        "why": why, "fix": fix}, flags)
+        "op": op, "why": why, "fix": fix}, flags)
+
+
+def origin(rows, parents):
+    """("forward" | "backward", the innermost layer where values turned non-finite), or
+    (None, None). Forward: the first such layer the pass returned from; backward: the
+    last (the backward pass reaches it first)."""
+    for where, column, pick in (("forward", "forward_origins", 0),
+                                ("backward", "backward_origins", -1)):
+        origins = [p for p, row in rows.items() if row[_COL[column]]]
+        innermost = [p for p in origins if not any(inside(q, p, parents) for q in origins)]
+        if innermost:
+            return where, innermost[pick]
+    return None, None
+
+
+def _fix(trainer, where, path, found, dtype, infs, finite_unscaled, own_call):
+    """(the fix in words, the flags that apply it)."""
+    pattern = _pathed(path, found["layers"], found["parents"])
+    if found.get("finite_in_float32"):  # the step replayed with that layer in float32
+        patterns = list(trainer.config.precision_overrides.float32_layers) + [pattern]
+        fix = (f"keep '{pattern}' in float32: replayed so, step {found['step']} is finite"
+               + (" (its sublayers go too; or cast the named op's inputs to float32 in its "
+                  "call)" if own_call else ""))
+        return fix, [f"{FLOAT32_LAYERS}={json.dumps(patterns)}"]
+    if finite_unscaled:
+        return ("the dynamic loss scale did not come down in time: a larger "
+                "--config.trainer.max_nonfinite_steps, or mixed_bfloat16",
+                [f"--config.trainer.max_nonfinite_steps={2 * trainer.max_nonfinite_steps}"])
+    tried = (f" (replayed with '{pattern}' in float32 it is not finite either)"
+             if found.get("finite_in_float32") is False else "")
+    if infs and where == "forward":
+        return (f"the values grow beyond {dtype}'s range{tried}: a lower learning rate and "
+                "gradient clipping, or inputs normalized", _lower_rate(trainer))
+    return (f"an op in '{path}' gives NaN, or an infinite derivative, at the values it got"
+            f"{tried} (0/0, a log, sqrt, division or pow at 0; under tf.where both branches "
+            "are differentiated, so the untaken one needs a safe input too): change the code "
+            "(the op named), then resume", [])
+
+
+def _lower_rate(trainer):
+    return [f"--config.optimizer.learning_rate="
+            f"{float(trainer.config.optimizer.learning_rate) / 10:g}",
+            "--config.optimizer.clip_norm=1.0"]
 
 
 def _update(trainer, diverged, found):
@@ -131,9 +150,7 @@ def _update(trainer, diverged, found):
         "why": f"step {found['step']}: the gradients were finite, but the update made "
                f"{len(names)} variable(s) non-finite, first {names[0]}",
         "fix": "a lower learning rate and gradient clipping"},
-        [f"--config.optimizer.learning_rate="
-         f"{float(trainer.config.optimizer.learning_rate) / 10:g}",
-         "--config.optimizer.clip_norm=1.0"])
+        _lower_rate(trainer))
 
 
 def _finite(trainer, diverged, found):
@@ -142,7 +159,10 @@ def _finite(trainer, diverged, found):
                    f"{found['step']} and every step of it stayed finite"
                    + (", with deterministic ops too" if deterministic else "")
                    + ": the divergence did not reproduce (ops that are not deterministic, "
-                   "or a fault of the machine)",
+                   "an input that is not a function of the step, as data.service's, or a "
+                   "fault of the machine)"
+                   + (f"; the deterministic replay failed: {found['retry_failed']}"
+                      if found.get("retry_failed") else ""),
             "fix": "resume; with --config.trainer.deterministic=True a divergence replays "
                    "exactly", "resume_command": resume_command([])}
 
@@ -188,19 +208,21 @@ def resume_command(flags):
         return "relaunch with the same --workdir" + (" and " + " ".join(
             shlex.quote(f) for f in flags) if flags else "")
     fields = {f.split("=", 1)[0] for f in flags}
-    kept = [a for a in argv[1:] if a.split("=", 1)[0] not in fields]
+    kept, skip = [], False
+    for a in argv[1:]:
+        if skip:  # the value of a replaced "--field value"
+            skip = False
+        elif a.split("=", 1)[0] in fields:
+            skip = "=" not in a
+        else:
+            kept.append(a)
     program = (["python", argv[0]] if argv[0].endswith(".py") else [argv[0]])
     return " ".join(shlex.quote(a) for a in program + kept + flags)
 
 
-def _deepest(paths):
-    """`paths` less those that contain another of them (a block, when its layer failed)."""
-    return [p for p in paths if not any(q.startswith(p + "/") for q in paths)]
-
-
-def _pathed(path, layers):
+def _pathed(path, layers, parents):
     """The nearest layer at or above `path` that Keras gives a path (what
     precision_overrides matches)."""
-    while path not in layers or not layers[path].path:
-        path = path.rsplit("/", 1)[0]
+    while not layers[path].path and parents.get(path) is not None:
+        path = parents[path]
     return path

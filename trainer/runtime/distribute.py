@@ -155,3 +155,10 @@ def is_chief(strategy):
     if "chief" in resolver.cluster_spec().jobs:
         return task_type == "chief"
     return task_type == "worker" and (resolver.task_id or 0) == 0
+
+
+def worker_index(strategy):
+    """This process's task index in its cluster (0 for a single-client strategy): what
+    names a worker's own files."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return (resolver.task_id or 0) if getattr(resolver, "task_type", None) else 0

@@ -4,8 +4,10 @@ whose output or gradient went non-finite.
 
 Keras 3 has no forward hooks, so each layer's `call` is wrapped on the instance (as the
 telemetry's ActivationProbe does) to see its inputs and outputs; the tape then gives the
-gradient of the loss with respect to each of them. A layer Keras gives no path
-(Softmax, Dropout: they do not build) is named by its parent's path and its own name.
+gradient of the loss with respect to each of them. Each call is judged on its own (a
+layer called twice may break on its first call only), then the calls of a layer are
+summed into its row. A layer Keras gives no path (Softmax, Dropout: they do not build)
+is named by its parent's path and its own name.
 """
 
 import contextlib
@@ -17,34 +19,53 @@ import tensorflow as tf
 from trainer.runtime.keras_internals import sublayers
 from trainer.step.evaluation import as_float32
 
-# One row per layer; "largest" columns are the largest finite magnitude (max over
-# replicas), "nonfinite" ones count inf/NaN entries (summed over replicas). Gradients are
-# the scaled ones, in the layer's compute dtype, as the step computes them.
-COLUMNS = ("largest_output", "nonfinite_outputs", "nonfinite_inputs",
-           "nonfinite_output_grads", "nonfinite_input_grads", "nonfinite_weight_grads",
-           "largest_output_grad", "largest_input_grad")
+# One row per layer; "largest" columns are the largest finite magnitude (max over calls
+# and replicas), the others count entries or calls (summed). Gradients are the scaled
+# ones, in the layer's compute dtype, as the step computes them. An origin is a call
+# that turned finite values non-finite: its output from finite inputs (forward), or its
+# input or weight gradients from a finite output gradient (backward).
+COLUMNS = ("largest_output", "nonfinite_outputs", "inf_outputs", "nonfinite_inputs",
+           "nonfinite_output_grads", "nonfinite_input_grads", "inf_input_grads",
+           "nonfinite_weight_grads", "largest_output_grad", "largest_input_grad",
+           "forward_origins", "backward_origins")
+_LARGEST = np.array([c.startswith("largest") for c in COLUMNS])
+_NONFINITE = np.array([c.startswith("nonfinite") for c in COLUMNS])
+# The batch as a whole: non-finite entries in the features and labels, loss not finite.
+BATCH_COLUMNS = ("nonfinite_features", "nonfinite_labels", "nonfinite_loss")
 
 
 def named_layers(model):
-    """[(path, layer)]: the model, then every layer inside it, each after its parent."""
-    named = [(model.path or model.name, model)]
+    """[(path, layer, parent path or None)]: the model, then every layer inside it, each
+    after its parent (Keras paths do not say nesting: a Functional model's layers have
+    none of its name)."""
+    named = [(model.path or model.name, model, None)]
 
     def visit(layer, path):
         for child in sublayers(layer, recursive=False):
             child_path = child.path or f"{path}/{child.name}"
-            named.append((child_path, child))
+            named.append((child_path, child, path))
             visit(child, child_path)
 
     visit(model, named[0][0])
     return named
 
 
+def inside(path, ancestor, parents):
+    """Whether layer `path` is inside layer `ancestor` (`parents`: path -> parent path)."""
+    parent = parents.get(path)
+    while parent is not None:
+        if parent == ancestor:
+            return True
+        parent = parents.get(parent)
+    return False
+
+
 class _CallRecorder:
-    """Wraps each layer's `call` to record (path, inputs, outputs) while `recording()`."""
+    """Wraps each layer's `call` to record (path, float inputs, outputs) while recording."""
 
     def __init__(self, named):
         self._calls = None
-        for path, layer in named:
+        for path, layer, _ in named:
             self._wrap(layer, path)
 
     def _wrap(self, layer, path):
@@ -53,7 +74,7 @@ class _CallRecorder:
         def call(*args, **kwargs):
             outputs = original(*args, **kwargs)
             if self._calls is not None:
-                self._calls.append((path, args[:1], outputs))
+                self._calls.append((path, _floats((args, kwargs)), outputs))
             return outputs
 
         object.__setattr__(layer, "call", call)  # (not a tracked attribute)
@@ -72,42 +93,47 @@ def _floats(structure):
             if isinstance(t, tf.Tensor) and t.dtype.is_floating]
 
 
-def _nonfinite(tensors):
-    counts = [tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(t)), tf.float32))
-              for t in tensors if t is not None]
+def _count(tensors, test=lambda t: tf.logical_not(tf.math.is_finite(t))):
+    counts = [tf.reduce_sum(tf.cast(test(t), tf.float32)) for t in tensors if t is not None]
     return tf.add_n(counts) if counts else tf.zeros([])
 
 
+def _inf(t):
+    return tf.math.is_inf(t)
+
+
 def _largest(tensors):
-    values = [tf.reshape(tf.cast(tf.where(tf.math.is_finite(t), tf.abs(t), tf.zeros_like(t)),
-                                 tf.float32), [-1]) for t in tensors if t is not None]
-    return tf.reduce_max(tf.concat([tf.zeros([1])] + values, axis=0))
+    values = [tf.cast(tf.reduce_max(tf.where(tf.math.is_finite(t), tf.abs(t),
+                                             tf.zeros_like(t))), tf.float32)
+              for t in tensors if t is not None and t.shape.num_elements() != 0]
+    return tf.reduce_max(tf.stack([tf.zeros([])] + values))
 
 
 def combine(rows, xp=tf):
-    """Rows of COLUMNS stacked on axis 0 -> one row set: the largest of "largest" columns,
-    the sum of counts (`xp`: tf in the step, np on the host)."""
-    largest = xp.reduce_max(rows, axis=0) if xp is tf else rows.max(axis=0)
-    counts = xp.reduce_sum(rows, axis=0) if xp is tf else rows.sum(axis=0)
-    mask = np.array([c.startswith("largest") for c in COLUMNS])
-    return xp.where(mask, largest, counts)
+    """Rows of COLUMNS stacked on axis 0 -> one: the largest of "largest" columns, the sum
+    of the others (`xp`: tf in the step, np on the host)."""
+    if xp is tf:
+        return tf.where(_LARGEST, tf.reduce_max(rows, axis=0), tf.reduce_sum(rows, axis=0))
+    return np.where(_LARGEST, rows.max(axis=0), rows.sum(axis=0))
 
 
 class StepInspection:
-    """`inspect(features, labels, scale)`: each layer's COLUMNS on `trainer`'s state at the
-    step it is at (the same batch and dropout masks as the train step), with the loss
-    scaled by `scale`. No variable changes: the forward pass's state (BatchNormalization's
-    statistics) is put back."""
+    """`inspect(features, labels, scale)`: each layer's COLUMNS, and the batch's, on
+    `trainer`'s state at the step it is at (the same batch and dropout masks as the
+    train step), with the loss scaled by `scale`. No variable changes: the forward pass's
+    state (BatchNormalization's statistics) is put back. One micro-batch per call, as
+    the step holds one in memory at a time."""
 
     def __init__(self, trainer):
         self.trainer = trainer
         self.named = named_layers(trainer.model)
-        self.layers = dict(self.named)
+        self.layers = {path: layer for path, layer, _ in self.named}
+        self.parents = {path: parent for path, _, parent in self.named}
         self._recorder = _CallRecorder(self.named)
         # Each layer's own trained variables (not its sublayers'), by index in trained.
         index = {id(v): i for i, v in enumerate(trainer.trained_variables)}
         self._own = {}
-        for path, layer in self.named:
+        for path, layer, _ in self.named:
             inner = {id(v) for child in sublayers(layer, recursive=False)
                      for v in child.trainable_weights}
             self._own[path] = [index[id(v)] for v in layer.trainable_weights
@@ -116,12 +142,15 @@ class StepInspection:
         self._inspect = tf.function(self._cross_replica, autograph=False)
 
     def inspect(self, features, labels, scale):
-        """-> ([layers of self.paths, COLUMNS] over every replica, whether the loss was
-        finite everywhere)."""
+        """-> ([layers of self.paths, COLUMNS], {BATCH_COLUMNS: count}), every replica's."""
+        rows, batch = [], []
         with self._state_put_back():
-            stats, loss_finite = self._inspect(features, labels,
-                                               tf.constant(scale, tf.float32))
-        return combine(stats.numpy(), np), bool(loss_finite.numpy().min() == 1.0)
+            for micro in range(self.trainer.accumulation_steps):
+                stats, counts = self._inspect(features, labels, tf.constant(scale, tf.float32),
+                                              tf.constant(micro, tf.int64))
+                rows.append(combine(stats.numpy(), np))
+                batch.append(counts.numpy().sum(axis=0))
+        return combine(np.stack(rows), np), dict(zip(BATCH_COLUMNS, np.sum(batch, axis=0)))
 
     @contextlib.contextmanager
     def _state_put_back(self):
@@ -132,35 +161,25 @@ class StepInspection:
             for v, value in zip(self.trainer.variables.state, state):
                 v.assign(value)
 
-    def _cross_replica(self, features, labels, scale):
+    def _cross_replica(self, features, labels, scale, micro):
         strategy = self.trainer.strategy
-        stats, loss_finite = strategy.run(self._replica, args=(features, labels, scale))
+        stats, counts = strategy.run(self._replica, args=(features, labels, scale, micro))
         # Every worker's replicas, so that the chief sees them all.
-        return strategy.gather(stats, axis=0), strategy.gather(loss_finite, axis=0)
+        return strategy.gather(stats, axis=0), strategy.gather(counts, axis=0)
 
-    def _replica(self, features, labels, scale):
-        """One replica's pass over its micro-batches: [1, layers, COLUMNS], [1]."""
+    def _replica(self, features, labels, scale, micro):
+        """One replica's micro-batch `micro`: [1, layers, COLUMNS], [1, BATCH_COLUMNS]."""
         trainer = self.trainer
         steps = trainer.accumulation_steps
-        rows, loss_finite = [], []
-        for micro in range(steps):
-            batch = (features, labels) if steps == 1 else tf.nest.map_structure(
-                lambda t: t[micro], (features, labels))
-            trainer._reseed(trainer.step * steps + micro)
-            row, finite = self._micro_batch(*batch, scale)
-            rows.append(row)
-            loss_finite.append(finite)
-        # (float: gather takes no bools)
-        return (combine(tf.stack(rows))[tf.newaxis],
-                tf.cast(tf.reduce_all(tf.stack(loss_finite)), tf.float32)[tf.newaxis])
-
-    def _micro_batch(self, features, labels, scale):
-        trainer = self.trainer
+        if steps > 1:
+            features, labels = tf.nest.map_structure(lambda t: tf.gather(t, micro),
+                                                     (features, labels))
+        trainer._reseed(trainer.step * steps + micro)
         with tf.GradientTape() as tape:
             with self._recorder.recording() as calls:
                 outputs = as_float32(trainer.model(features, training=True))
             scaled = trainer.step_loss(labels, outputs) * scale
-        inputs = [_floats(args) for _, args, _ in calls]
+        inputs = [i for _, i, _ in calls]
         outs = [_floats(out) for _, _, out in calls]
         targets = [t for group in inputs + outs for t in group] + trainer.trained_variables
         grads = iter(tape.gradient(scaled, targets))
@@ -169,25 +188,60 @@ class StepInspection:
         var_grads = list(grads)
         if self.paths is None:
             self.paths = list(dict.fromkeys(path for path, _, _ in calls))
-        per_layer = {path: [] for path in self.paths}
+        per_layer, weighed = {path: [] for path in self.paths}, set()
         for (path, _, _), i, o, gi, go in zip(calls, inputs, outs, input_grads, output_grads):
-            own = [var_grads[k] for k in self._own[path]]
+            # A layer's weight gradient is the sum over its calls: counted once.
+            own = [] if path in weighed else [var_grads[k] for k in self._own[path]]
+            weighed.add(path)
+            bad_out, bad_in, bad_go = _count(o), _count(i), _count(go)
+            bad_gi, bad_w = _count(gi), _count(own)
             per_layer[path].append(tf.stack([
-                _largest(o), _nonfinite(o), _nonfinite(i), _nonfinite(go), _nonfinite(gi),
-                _nonfinite(own), _largest(go), _largest(gi)]))
-        return (tf.stack([combine(tf.stack(rows)) for rows in per_layer.values()]),
-                tf.math.is_finite(scaled))
+                _largest(o), bad_out, _count(o, _inf), bad_in, bad_go, bad_gi,
+                _count(gi, _inf), bad_w, _largest(go), _largest(gi),
+                tf.cast((bad_out > 0) & (bad_in == 0), tf.float32),
+                tf.cast((bad_go == 0) & ((bad_gi > 0) | (bad_w > 0)), tf.float32)]))
+        stats = tf.stack([combine(tf.stack(rows)) for rows in per_layer.values()])
+        batch = tf.stack([_count(_floats(features)), _count(_floats(labels)),
+                          _count([scaled])])
+        return stats[tf.newaxis], batch[tf.newaxis]
+
+    def finite_in_float32(self, path, features, labels, scale):
+        """Whether this step's pass is finite with layer `path` and its sublayers
+        computing in float32 (what precision_overrides.float32_layers would do); their
+        policies are put back after."""
+        changed = [(layer, layer.dtype_policy) for p, layer, _ in self.named
+                   if p == path or inside(p, path, self.parents)]
+        for layer, _ in changed:
+            layer.dtype_policy = "float32"
+        try:
+            with self._state_put_back():
+                fresh = tf.function(self._cross_replica, autograph=False)  # a new trace
+                for micro in range(self.trainer.accumulation_steps):
+                    stats, batch = fresh(features, labels, tf.constant(scale, tf.float32),
+                                         tf.constant(micro, tf.int64))
+                    if np.sum(batch.numpy()) or combine(stats.numpy(), np)[:, _NONFINITE].any():
+                        return False
+            return True
+        finally:
+            for layer, policy in changed:
+                layer.dtype_policy = policy
 
     def first_nonfinite_op(self, features, labels, scale):
         """The first op TensorFlow's check_numerics sees produce inf/NaN in this step's
         forward or backward pass, on this worker's replicas: {"op", "node", "created_at"}
-        (the innermost frame outside TensorFlow and Keras), or None."""
+        (the innermost frame outside TensorFlow and Keras), or None. Call it only where
+        the forward pass holds no collective (a worker's error would leave its peers
+        waiting)."""
         strategy = self.trainer.strategy
+        replica_pass = tf.function(
+            lambda f, l, s, m: strategy.run(self._replica, args=(f, l, s, m)),
+            autograph=False)
         tf.debugging.enable_check_numerics()
-        try:  # a new trace, instrumented; no collective, so a worker's error stops only it
+        try:  # a new trace, instrumented
             with self._state_put_back():
-                tf.function(lambda f, l, s: strategy.run(self._replica, args=(f, l, s)),
-                            autograph=False)(features, labels, tf.constant(scale, tf.float32))
+                for micro in range(self.trainer.accumulation_steps):
+                    replica_pass(features, labels, tf.constant(scale, tf.float32),
+                                 tf.constant(micro, tf.int64))
             return None
         except tf.errors.InvalidArgumentError as error:
             return _parse_check_numerics(error.message)
