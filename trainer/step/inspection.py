@@ -249,7 +249,10 @@ class StepInspection:
             tf.debugging.disable_check_numerics()
 
 
-_LIBRARIES = re.compile(r"site-packages|dist-packages|tensorflow/python/|keras/src/|trainer/step/")
+# Frames of TensorFlow, Keras and this framework's step (TensorFlow cuts long paths to
+# their end: "...as/src/layers/normalization/...").
+_LIBRARIES = re.compile(r"site-packages|dist-packages|tensorflow/python/|"
+                        r"/src/(layers|ops|models|backend|utils|trainers)/|trainer/step/")
 
 
 def _parse_check_numerics(message):
