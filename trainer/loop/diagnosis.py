@@ -147,7 +147,7 @@ class _Replay:
             found["finite_in_float32"] = self.inspection.finite_in_float32(
                 path, features, labels, scale)
         collective = (self.controller.multi_worker
-                      and synchronizing_layers([l for l in self.inspection.layers.values()]))
+                      and synchronizing_layers(list(self.inspection.layers.values())))
         if collective:
             found["op"] = {"op": None, "why": "not searched: a layer all-reduces in its "
                            "forward pass, which check_numerics would leave waiting"}
