@@ -34,6 +34,10 @@ class StartState(Action):
                 int(trainer.nonfinite_streak.numpy()) == 0:
             self.release()
 
+    def end(self, controller):
+        if controller.done:  # trained to the end: no diagnosis will read it
+            self.release()
+
     def release(self):
         """Frees the copy."""
         if self.path:
